@@ -1,0 +1,129 @@
+/* tmx/kernels.h: the kernel-set ops table (plugin kind TMX_PLUGIN_KERNELS).
+ *
+ * A kernel set runs every op of the model graph on one device. The core owns the graph and
+ * calls these ops in order on one stream; a kernel set may run them asynchronously until
+ * `sync` (or a buf_read, which synchronizes).
+ *
+ * Memory. Activation buffers, index arrays and the KV cache live in buffers made by buf_alloc
+ * (device memory on a GPU set, host memory on the CPU set); pointers passed to ops point into
+ * such buffers, possibly at an offset. Weights are imported once with weight_import from the
+ * host (mmapped) tensor; the kernel set owns the imported copy until weight_free. Activations
+ * are F32 and row-major; weights are F32, BF16 or F16 unless an op says otherwise.
+ *
+ * Tensor parallelism. An op never knows about ranks: a rank's graph calls the same ops with its
+ * slice of heads and experts; communication belongs to the core.
+ *
+ * Errors. Ops return nothing so that a step can be queued or captured; a kernel set records
+ * the first failure and returns it from the next sync (the core syncs every step).
+ *
+ * Threading. Ops of one ctx are called from one thread at a time. */
+#ifndef TMX_KERNELS_H
+#define TMX_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tmx/status.h"
+#include "tmx/tensor.h"
+
+struct tmx_host;
+struct tmx_opts;
+
+enum tmx_router_score { TMX_ROUTER_SIGMOID = 0, TMX_ROUTER_SOFTMAX = 1 };
+
+/* Routed experts of one MoE layer, as seen by moe_experts. All arrays have n_experts entries
+ * (a TP rank passes its own experts; ids outside [expert0, expert0 + n_experts) are skipped). */
+struct tmx_moe_weights {
+    int n_experts;
+    int expert0;                       /* global id of gate[0] */
+    int latent, inter;                 /* moe_latent_size, moe_intermediate_size (this rank) */
+    const struct tmx_tensor *gate;     /* [n_experts] of [inter][latent] */
+    const struct tmx_tensor *up;       /* [n_experts] of [inter][latent] */
+    const struct tmx_tensor *down;     /* [n_experts] of [latent][inter] */
+    const struct tmx_tensor *post_norm; /* [latent] RMSNorm weight applied to each y_e, or NULL */
+    float eps;
+};
+
+struct tmx_kernels_i {
+    uint32_t struct_size;
+
+    /* --- lifecycle ---------------------------------------------------------------------- */
+    enum tmx_status (*init)(const struct tmx_host *host, const struct tmx_opts *opts, void **ctx,
+                            char **err);
+    void (*fini)(void *ctx);
+
+    /* --- memory ------------------------------------------------------------------------- */
+    enum tmx_status (*buf_alloc)(void *ctx, size_t nbytes, void **buf); /* zero-filled */
+    void (*buf_free)(void *ctx, void *buf);
+    /* dst/src are buffer addresses (with any offset already applied); host side is plain memory. */
+    enum tmx_status (*buf_write)(void *ctx, void *dst, const void *host_src, size_t nbytes);
+    enum tmx_status (*buf_read)(void *ctx, void *host_dst, const void *src, size_t nbytes);
+    /* Makes a host tensor usable as a weight: `dev` gets the same dtype and shape and a device
+     * address. The CPU set may alias the host data (no copy); the host data outlives `dev`. */
+    enum tmx_status (*weight_import)(void *ctx, const struct tmx_tensor *host,
+                                     struct tmx_tensor *dev, char **err);
+    void (*weight_free)(void *ctx, struct tmx_tensor *dev);
+    enum tmx_status (*sync)(void *ctx);
+
+    /* --- graphs (optional; all NULL: ops run eagerly every step) -----------------------------
+     * Ops called between graph_begin and graph_end are recorded, not run; graph_launch replays
+     * them with the same buffers (their contents may change between launches). */
+    enum tmx_status (*graph_begin)(void *ctx);
+    enum tmx_status (*graph_end)(void *ctx, void **graph);
+    enum tmx_status (*graph_launch)(void *ctx, void *graph);
+    void (*graph_free)(void *ctx, void *graph);
+
+    /* --- ops -----------------------------------------------------------------------------
+     * n = number of token rows in the step. Shapes in comments; out may not alias inputs
+     * unless stated. */
+
+    /* out[n][d] = table[ids[i]][:], d = table->shape[1]. ids are in a buffer. */
+    void (*embed)(void *ctx, float *out, const struct tmx_tensor *table, const int32_t *ids, int n);
+
+    /* out[r][:] = x[r][:] / sqrt(mean(x[r]^2) + eps) * w (w NULL: 1). rows x d. out may be x.
+     * Also used per head for q/k norm (rows = n * heads, d = head_dim). */
+    void (*rmsnorm)(void *ctx, float *out, const float *x, const struct tmx_tensor *w, int rows,
+                    int d, float eps);
+
+    /* y[n][m] = x[n][k] . w[m][k]^T, m = w->shape[0], k = w->shape[1]. */
+    void (*matmul)(void *ctx, float *y, const float *x, const struct tmx_tensor *w, int n);
+
+    /* In place on x[n][heads][hd]: rotate-half RoPE, pairs (i, i + hd/2) rotated by
+     * pos[t] * inv_freq[i], i < hd/2. pos and inv_freq[hd/2] are in buffers. */
+    void (*rope)(void *ctx, float *x, const int32_t *pos, const float *inv_freq, int n, int heads,
+                 int hd);
+
+    /* KV cache of one layer: k_cache, v_cache [cap][hkv][hd]; position p lives in slot p % cap.
+     * Stores k, v [n][hkv][hd] of positions pos[0..n). */
+    void (*kv_store)(void *ctx, float *k_cache, float *v_cache, int cap, const float *k,
+                     const float *v, const int32_t *pos, int n, int hkv, int hd);
+
+    /* out[n][hq][hd]: causal GQA attention of q[n][hq][hd] (query head h reads KV head
+     * h / (hq / hkv)) over the cached positions j with max(0, p - window) < j <= p, p = pos[t]
+     * (window 0: all j <= p), softmax(q.k * scale). The caller guarantees slots j % cap hold
+     * position j for every such j. */
+    void (*attention)(void *ctx, float *out, const float *q, const float *k_cache,
+                      const float *v_cache, int cap, const int32_t *pos, int n, int hq, int hkv,
+                      int hd, int window, float scale);
+
+    /* Router: from logits[n][n_exp] computes s = score(logits), picks the top k of s + bias
+     * (bias [n_exp] F32 or NULL; ties -> lower id), and writes ids[n][k] (descending by
+     * s + bias) and weights[n][k] = s_e (/ sum over the k picked if norm_topk) * scale. */
+    void (*moe_route)(void *ctx, int32_t *ids, float *weights, const float *logits,
+                      const struct tmx_tensor *bias, int n, int n_exp, int k,
+                      enum tmx_router_score score, int norm_topk, float scale);
+
+    /* out[n][latent] = sum over j < k of weights[t][j] * RMSNorm_post(y_e), e = ids[t][j],
+     * y_e = down_e(silu(gate_e z) * up_e z), z = z[t] (post-bridge latent). */
+    void (*moe_experts)(void *ctx, float *out, const float *z, const int32_t *ids,
+                        const float *weights, int n, int k, const struct tmx_moe_weights *w);
+
+    /* out[i] = silu(gate[i]) * up[i], i < count. out may be gate. */
+    void (*swiglu)(void *ctx, float *out, const float *gate, const float *up, int64_t count);
+
+    /* h[r][:] += g * a[r][:] (g: [d] weight, NULL: 1). rows x d. */
+    void (*add_gated)(void *ctx, float *h, const float *a, const struct tmx_tensor *g, int rows,
+                      int d);
+};
+
+#endif

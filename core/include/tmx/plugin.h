@@ -1,0 +1,172 @@
+/* tmx/plugin.h: the plugin ABI.
+ *
+ * A plugin is a shared object `libtmx-<kind>-<name>.so` that exports exactly one symbol:
+ *
+ *     TMX_PLUGIN_EXPORT const struct tmx_plugin *
+ *     tmx_plugin_entry(const struct tmx_host *host, char **err);
+ *
+ * It returns a const descriptor (static storage in the plugin) or NULL with a message made by
+ * host->err. The core refuses a descriptor whose abi_major differs from TMX_ABI_MAJOR, whose
+ * abi_minor is newer than TMX_ABI_MINOR, whose struct_size is smaller than the ABI 1.0 size,
+ * whose kind is unknown or whose name is already loaded for that kind; each refusal is one line
+ * naming the file (and both versions for an ABI mismatch).
+ *
+ * Rules for every struct in this header:
+ * - Append-only. New members go at the end and bump TMX_ABI_MINOR; removing or reordering
+ *   members bumps TMX_ABI_MAJOR.
+ * - Ops tables start with struct_size. The core calls a member only if the table is large
+ *   enough to hold it and the pointer is non-NULL; members marked (optional) state their default.
+ * - Every init has a fini, and fini is safe after a failed init and with ctx == NULL.
+ * - Plugins link nothing of the core: everything they need from it comes through struct tmx_host.
+ *   Error strings a plugin returns through `char **err` are made with host->err (the core frees
+ *   them). */
+#ifndef TMX_PLUGIN_H
+#define TMX_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tmx/kernels.h"
+#include "tmx/status.h"
+#include "tmx/tensor.h"
+
+#define TMX_ABI_MAJOR 1
+#define TMX_ABI_MINOR 0
+
+#define TMX_PLUGIN_EXPORT __attribute__((visibility("default")))
+#define TMX_PLUGIN_ENTRY_SYMBOL "tmx_plugin_entry"
+
+enum tmx_plugin_kind {
+    TMX_PLUGIN_KERNELS = 0, /* the op set the model graph runs on a device: struct tmx_kernels_i */
+    TMX_PLUGIN_CODEC,       /* packed expert weights: struct tmx_codec_i */
+    TMX_PLUGIN_DRAFTER,     /* proposes tokens for speculative decoding: struct tmx_drafter_i */
+    TMX_PLUGIN_MEDIA,       /* image/video/audio bytes -> embeddings: struct tmx_media_i */
+    TMX_PLUGIN_API,         /* a front end driving the engine: struct tmx_api_i */
+    TMX_PLUGIN_BENCH,       /* A/B runs over kernels and codecs: struct tmx_bench_i */
+    TMX_PLUGIN_KIND_COUNT
+};
+
+/* "kernels", "codec", ...: the <kind> part of the file name and of config keys. */
+const char *tmx_plugin_kind_name(enum tmx_plugin_kind kind);
+
+/* --- options ------------------------------------------------------------------------------ */
+
+/* A plugin declares its options; the core fills them from the config file, the environment
+ * (TMX_<KIND>_<NAME>_<OPTION>, upper case, '-' -> '_') and the command line
+ * (--set <kind>.<name>.<option>=VALUE), in that order of precedence (command line wins), checks
+ * each value against its type, and rejects keys the table does not list. */
+enum tmx_opt_type { TMX_OPT_INT, TMX_OPT_FLOAT, TMX_OPT_BOOL, TMX_OPT_STRING };
+
+struct tmx_option {
+    const char *name;
+    enum tmx_opt_type type;
+    const char *def;  /* default, in the same text form the config accepts */
+    const char *help; /* one line */
+};
+
+struct tmx_opts; /* opaque: the resolved option values of one plugin instance */
+
+/* --- the host table: how a plugin reaches the core ----------------------------------------- */
+
+enum tmx_log_level { TMX_LOG_ERROR = 0, TMX_LOG_WARN, TMX_LOG_INFO, TMX_LOG_DEBUG };
+
+struct tmx_host {
+    uint32_t struct_size;
+    uint16_t abi_major, abi_minor;
+    void (*log)(enum tmx_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+    /* Same contract as tmx_err() in tmx/status.h. */
+    enum tmx_status (*err)(char **err, enum tmx_status st, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+    /* Option values, already validated against the plugin's option table, defaults applied.
+     * A name the table does not declare is a programming error: NULL / 0. */
+    const char *(*opt_str)(const struct tmx_opts *opts, const char *name);
+    int64_t (*opt_int)(const struct tmx_opts *opts, const char *name);
+    double (*opt_float)(const struct tmx_opts *opts, const char *name);
+    int (*opt_bool)(const struct tmx_opts *opts, const char *name);
+};
+
+/* --- the descriptor ------------------------------------------------------------------------ */
+
+#define TMX_CAP_EXPERIMENTAL (1ull << 0) /* chosen only when named explicitly */
+
+struct tmx_plugin {
+    uint16_t abi_major;   /* TMX_ABI_MAJOR at build time */
+    uint16_t abi_minor;   /* TMX_ABI_MINOR at build time */
+    uint32_t struct_size; /* sizeof(struct tmx_plugin) at build time */
+    const char *name;     /* unique per kind: "cpu", "trellis-e4m3", ... */
+    enum tmx_plugin_kind kind;
+    const char *version;  /* the plugin's own version, informational */
+    uint64_t caps;        /* TMX_CAP_* bits */
+    const struct tmx_option *opts; /* {0}-terminated, or NULL for none */
+    const void *ops;      /* struct tmx_<kind>_i for `kind` */
+};
+
+typedef const struct tmx_plugin *(*tmx_plugin_entry_fn)(const struct tmx_host *host, char **err);
+
+/* --- kind: codec ---------------------------------------------------------------------------
+ * Packed weights. ABI 1.0 holds the part every codec has: a reference decode to F32 and an
+ * optional encoder. The fused expert matmul on a kernel set is appended by the codec issue. */
+struct tmx_codec_i {
+    uint32_t struct_size;
+    const char *quant_method; /* the hf_quant_config.json "quant_method" this codec reads */
+    enum tmx_status (*init)(const struct tmx_host *host, const struct tmx_opts *opts, void **ctx,
+                            char **err);
+    void (*fini)(void *ctx);
+    /* Decodes a packed [rows][cols] matrix to F32 (host memory, caller-owned `out`). */
+    enum tmx_status (*decode)(void *ctx, const struct tmx_tensor *packed, int64_t rows,
+                              int64_t cols, float *out, char **err);
+    /* (optional; NULL: the codec cannot encode) Encodes F32 [rows][cols] into `packed`, whose
+     * data the codec allocates with malloc and the caller frees. */
+    enum tmx_status (*encode)(void *ctx, const float *w, int64_t rows, int64_t cols,
+                              struct tmx_tensor *packed, char **err);
+};
+
+/* --- kind: drafter ---------------------------------------------------------------------------
+ * Proposes up to max_draft tokens that may follow `tokens`; the engine verifies them. */
+struct tmx_drafter_i {
+    uint32_t struct_size;
+    enum tmx_status (*init)(const struct tmx_host *host, const struct tmx_opts *opts, void **ctx,
+                            char **err);
+    void (*fini)(void *ctx);
+    /* Writes the proposal to draft[0..n) and returns n (0 = nothing to propose). */
+    int (*propose)(void *ctx, const int32_t *tokens, int n_tokens, int32_t *draft, int max_draft);
+};
+
+/* --- kind: media ---------------------------------------------------------------------------
+ * Turns the bytes of one image/video/audio item into embeddings that replace placeholder
+ * tokens in the text stream. */
+struct tmx_media_i {
+    uint32_t struct_size;
+    const char *const *mime_types; /* NULL-terminated: what `embed` accepts */
+    enum tmx_status (*init)(const struct tmx_host *host, const struct tmx_opts *opts, void **ctx,
+                            char **err);
+    void (*fini)(void *ctx);
+    /* On success *emb is a malloc'd [*n_tokens][dim] F32 array the caller frees. */
+    enum tmx_status (*embed)(void *ctx, const char *mime, const void *bytes, size_t n_bytes,
+                             int dim, float **emb, int *n_tokens, char **err);
+};
+
+/* --- kind: api -----------------------------------------------------------------------------
+ * A front end. `run` blocks serving until `stop` is called from another thread. The engine
+ * calls it drives are appended to struct tmx_host by the serving issue. */
+struct tmx_api_i {
+    uint32_t struct_size;
+    enum tmx_status (*init)(const struct tmx_host *host, const struct tmx_opts *opts, void **ctx,
+                            char **err);
+    void (*fini)(void *ctx);
+    enum tmx_status (*run)(void *ctx, char **err);
+    void (*stop)(void *ctx);
+};
+
+/* --- kind: bench ---------------------------------------------------------------------------
+ * A/B timing cases. `run` times every case whose name contains `filter` (NULL: all) and writes
+ * one JSON object per case and line to `out_fd`. */
+struct tmx_bench_i {
+    uint32_t struct_size;
+    enum tmx_status (*init)(const struct tmx_host *host, const struct tmx_opts *opts, void **ctx,
+                            char **err);
+    void (*fini)(void *ctx);
+    enum tmx_status (*run)(void *ctx, const char *filter, int out_fd, char **err);
+};
+
+#endif

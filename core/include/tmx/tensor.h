@@ -1,0 +1,88 @@
+/* tmx/tensor.h: element types and the tensor descriptor shared by the core and plugins.
+ *
+ * A tensor descriptor never owns its data: `data` points into an mmapped checkpoint, a buffer
+ * the core allocated, or device memory a kernel set allocated. Whoever created the buffer frees
+ * it. Shapes are row-major, outermost first, as in safetensors. */
+#ifndef TMX_TENSOR_H
+#define TMX_TENSOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define TMX_MAX_DIMS 4
+
+enum tmx_dtype {
+    TMX_DTYPE_F32 = 0,
+    TMX_DTYPE_BF16,
+    TMX_DTYPE_F16,
+    TMX_DTYPE_F8_E4M3,
+    TMX_DTYPE_U8,
+    TMX_DTYPE_I32,
+    TMX_DTYPE_COUNT
+};
+
+struct tmx_tensor {
+    enum tmx_dtype dtype;
+    int ndim;
+    int64_t shape[TMX_MAX_DIMS];
+    void *data; /* host or device address; see the owner's header */
+};
+
+size_t tmx_dtype_size(enum tmx_dtype dt);
+const char *tmx_dtype_name(enum tmx_dtype dt); /* safetensors spelling: "F32", "BF16", ... */
+/* Returns TMX_DTYPE_COUNT when the name is not one tmx reads. */
+enum tmx_dtype tmx_dtype_from_name(const char *name);
+
+int64_t tmx_tensor_numel(const struct tmx_tensor *t);
+size_t tmx_tensor_nbytes(const struct tmx_tensor *t);
+
+/* bf16 is the top half of an f32; rounding to nearest even, NaN kept quiet. */
+static inline float tmx_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t tmx_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float tmx_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        u = sign;
+    } else { /* subnormal: normalise */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400u));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* OCP FP8 E4M3 ("fn"): bias 7, no infinities, S.1111.111 is NaN. */
+static inline float tmx_e4m3_to_f32(uint8_t b) {
+    uint32_t exp = (b >> 3) & 0xfu, man = b & 7u;
+    float v;
+    if (exp == 0xf && man == 7) {
+        v = __builtin_nanf("");
+    } else if (exp == 0) {
+        v = (float)man * (1.0f / 512.0f); /* man/8 * 2^-6 */
+    } else {
+        v = (1.0f + (float)man / 8.0f) * (float)(1u << exp) / 128.0f;
+    }
+    return (b & 0x80u) ? -v : v;
+}
+
+#endif
