@@ -1,0 +1,40 @@
+/* tmx/config.h: the engine configuration.
+ *
+ * One JSON file (jansson). Every key has a documented default (docs/config.md), an environment
+ * override and a command-line override; precedence: command line > environment > file >
+ * default. Unknown keys are an error naming the key and the file.
+ *
+ * Core keys: plugin_dir, kernels, load, threads, context, batch, seed, log_level. Plugin options
+ * live under "plugins": {"<kind>.<name>": {"<option>": value}} and are checked against the
+ * plugin's option table when it loads (see tmx/loader.h).
+ *
+ * The config owns every string it returns; they live until tmx_config_free. */
+#ifndef TMX_CONFIG_H
+#define TMX_CONFIG_H
+
+#include <stdint.h>
+
+#include "tmx/status.h"
+
+struct tmx_config;
+
+/* Reads `path` (NULL: defaults only), then applies TMX_* environment overrides. */
+enum tmx_status tmx_config_load(const char *path, struct tmx_config **out, char **err);
+void tmx_config_free(struct tmx_config *cfg);
+
+/* Command-line override "key=value": a core key ("threads=4") or a plugin option
+ * ("kernels.cpu.threads=4"). The value is parsed as the key's type. */
+enum tmx_status tmx_config_set(struct tmx_config *cfg, const char *assignment, char **err);
+
+/* Core keys. A key that is not a core key of that type is a programming error (abort). */
+const char *tmx_config_str(const struct tmx_config *cfg, const char *key);
+int64_t tmx_config_int(const struct tmx_config *cfg, const char *key);
+
+/* "load": plugins to load besides the kernel set, as "<kind>.<name>" strings. */
+int tmx_config_load_count(const struct tmx_config *cfg);
+const char *tmx_config_load_at(const struct tmx_config *cfg, int i);
+
+/* Writes the resolved configuration (defaults, file, env, CLI applied) as JSON to stdout. */
+void tmx_config_print(const struct tmx_config *cfg);
+
+#endif
