@@ -1,0 +1,41 @@
+/* cli.h: what the tmx subcommands share: engine options and error reporting. */
+#ifndef TMX_CLI_H
+#define TMX_CLI_H
+
+#include <getopt.h>
+
+#include "tmx/tmx.h"
+
+#define TMX_CLI_MAX_OVERRIDES 64
+
+/* --model, --config, --set and --threads: parsed the same way by every subcommand that opens an
+ * engine. */
+struct cli_engine_opts {
+    const char *model;
+    const char *config;
+    const char *overrides[TMX_CLI_MAX_OVERRIDES];
+    int n_overrides;
+    char threads_set[32];
+};
+
+#define CLI_ENGINE_LONGOPTS                                                                   \
+    {"model", required_argument, 0, 'm'}, {"config", required_argument, 0, 'c'},              \
+        {"set", required_argument, 0, 'S'}, {"threads", required_argument, 0, 't'}
+#define CLI_ENGINE_SHORTOPTS "m:c:S:t:"
+#define CLI_ENGINE_USAGE                                                                      \
+    "  -m, --model DIR        model directory (config.json, *.safetensors, tokenizer.json)\n" \
+    "  -c, --config FILE      tmx configuration file (JSON; see docs/config.md)\n"            \
+    "      --set KEY=VALUE    override a configuration key, e.g. --set kernels.cpu.threads=2\n" \
+    "  -t, --threads N        worker threads (same as --set threads=N)\n"
+
+/* Handles one engine option; returns 1 if `c` was one, 0 if not, -1 on a bad value. */
+int cli_engine_opt(struct cli_engine_opts *o, int c, const char *arg);
+/* Opens the engine or prints the error; returns NULL on failure. */
+struct tmx_engine *cli_engine_open(const struct cli_engine_opts *o, const char *cmd);
+/* Prints "tmx <cmd>: <msg>" to stderr and frees msg. Returns 1 (the exit code). */
+int cli_fail(const char *cmd, char *msg);
+
+int cmd_generate(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+
+#endif

@@ -1,0 +1,162 @@
+/* generate.c: `tmx generate` — tokenize a prompt, prefill it, then sample and print tokens as
+ * they come; the last line reports tokens/s. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+static const char usage[] =
+    "usage: tmx generate --model DIR --prompt TEXT [-n N] [options]\n\n"
+    "  -p, --prompt TEXT      the text to continue (special tokens like <|start|> are parsed)\n"
+    "  -n, --n-predict N      tokens to generate (default 64); stops early at end of sequence\n"
+    "      --temperature T    0 = greedy (default 0)\n"
+    "      --top-k K          keep the K most likely tokens (default 0 = off)\n"
+    "      --top-p P          nucleus sampling mass (default 1 = off)\n"
+    "      --min-p P          drop tokens below P x the top probability (default 0 = off)\n"
+    "      --seed S           sampling seed (default: config \"seed\"; -1 = from the clock)\n"
+    "      --no-bos           do not prepend the model's bos_token_id\n" CLI_ENGINE_USAGE;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Parses a number option, naming it on error. */
+static int parse_num(const char *name, const char *arg, double *out) {
+    char *end;
+    *out = strtod(arg, &end);
+    if (end == arg || *end) {
+        fprintf(stderr, "tmx generate: --%s expects a number, got \"%s\"\n", name, arg);
+        return -1;
+    }
+    return 0;
+}
+
+int cmd_generate(int argc, char **argv) {
+    static const struct option longopts[] = {
+        {"prompt", required_argument, 0, 'p'}, {"n-predict", required_argument, 0, 'n'},
+        {"temperature", required_argument, 0, 'T'}, {"top-k", required_argument, 0, 'K'},
+        {"top-p", required_argument, 0, 'P'}, {"min-p", required_argument, 0, 'M'},
+        {"seed", required_argument, 0, 's'}, {"no-bos", no_argument, 0, 'B'},
+        {"help", no_argument, 0, 'h'}, CLI_ENGINE_LONGOPTS, {0, 0, 0, 0}};
+    struct cli_engine_opts eo = {0};
+    const char *prompt = NULL;
+    double n_predict = 64, temperature = 0, top_k = 0, top_p = 1, min_p = 0, seed = -2;
+    int bos = 1, c, r;
+    while ((c = getopt_long(argc, argv, "p:n:h" CLI_ENGINE_SHORTOPTS, longopts, NULL)) != -1) {
+        if ((r = cli_engine_opt(&eo, c, optarg)) != 0) {
+            if (r < 0) return 2;
+            continue;
+        }
+        switch (c) {
+        case 'p': prompt = optarg; break;
+        case 'n': r = parse_num("n-predict", optarg, &n_predict); break;
+        case 'T': r = parse_num("temperature", optarg, &temperature); break;
+        case 'K': r = parse_num("top-k", optarg, &top_k); break;
+        case 'P': r = parse_num("top-p", optarg, &top_p); break;
+        case 'M': r = parse_num("min-p", optarg, &min_p); break;
+        case 's': r = parse_num("seed", optarg, &seed); break;
+        case 'B': bos = 0; break;
+        case 'h': fputs(usage, stdout); return 0;
+        default: fputs(usage, stderr); return 2;
+        }
+        if (r < 0) return 2;
+    }
+    if (!prompt || optind < argc) {
+        fprintf(stderr, "tmx generate: %s\n%s", prompt ? "unexpected argument" :
+                "--prompt TEXT is required", usage);
+        return 2;
+    }
+    if (n_predict < 0) {
+        fprintf(stderr, "tmx generate: --n-predict must be >= 0\n");
+        return 2;
+    }
+    struct tmx_engine *e = cli_engine_open(&eo, "generate");
+    if (!e) return 1;
+
+    const struct tmx_tokenizer *tok = tmx_engine_tokenizer(e);
+    const struct tmx_model_config *mc = tmx_model_cfg(tmx_engine_model(e));
+    const int n_vocab = tmx_engine_n_vocab(e);
+    if (seed == -2) seed = (double)tmx_config_int(tmx_engine_config(e), "seed");
+    if (seed < 0) seed = (double)time(NULL);
+    struct tmx_sampler_params sp = {(float)temperature, (int)top_k, (float)top_p, (float)min_p,
+                                    (uint64_t)seed};
+    struct tmx_sampler *sampler = NULL;
+    struct tmx_seq *seq = NULL;
+    int32_t *ids = NULL, *prompt_ids = NULL;
+    size_t n_ids = 0;
+    float *logits = NULL;
+    char *err = NULL;
+    int rc = 1;
+
+    enum tmx_status st = tmx_sampler_new(&sp, n_vocab, &sampler, &err);
+    if (st == TMX_OK)
+        st = tmx_tokenizer_encode(tok, prompt, strlen(prompt), 1, &prompt_ids, &n_ids, &err);
+    if (st == TMX_OK) { /* [bos] + prompt */
+        const int with_bos = bos && mc->bos_token_id >= 0;
+        ids = malloc((n_ids + 1) * sizeof *ids);
+        logits = malloc((size_t)mc->vocab_size * sizeof *logits);
+        if (!ids || !logits) st = tmx_err(&err, TMX_ERR_NOMEM, "out of memory");
+        else {
+            if (with_bos) ids[0] = mc->bos_token_id;
+            memcpy(ids + with_bos, prompt_ids, n_ids * sizeof *ids);
+            n_ids += (size_t)with_bos;
+        }
+    }
+    if (st == TMX_OK && n_ids == 0)
+        st = tmx_err(&err, TMX_ERR_INVALID, "--prompt is empty and the model has no bos_token_id");
+    const int n_ctx = tmx_engine_n_ctx(e);
+    if (st == TMX_OK && n_ids + (size_t)n_predict > (size_t)n_ctx)
+        st = tmx_err(&err, TMX_ERR_INVALID,
+                     "prompt (%zu tokens) + --n-predict (%d) exceed the context of %d tokens "
+                     "(config key \"context\")", n_ids, (int)n_predict, n_ctx);
+    if (st == TMX_OK)
+        st = tmx_seq_new(tmx_engine_model(e), n_ctx,
+                         (int)tmx_config_int(tmx_engine_config(e), "batch"), &seq, &err);
+
+    /* prefill */
+    const double t0 = now();
+    if (st == TMX_OK) st = tmx_seq_forward(seq, ids, (int)n_ids, logits, 0, &err);
+    const double t1 = now();
+
+    /* decode */
+    int n_gen = 0;
+    struct tmx_detok detok = {0};
+    char piece[1024];
+    while (st == TMX_OK && n_gen < (int)n_predict) {
+        int32_t next = tmx_sampler_sample(sampler, logits);
+        n_gen++;
+        int eos = 0;
+        for (int i = 0; i < mc->n_eos; i++) eos |= next == mc->eos_token_ids[i];
+        if (eos) break;
+        size_t len;
+        if (tmx_tokenizer_token_bytes(tok, next, &len) && len + 8 <= sizeof piece) {
+            int w = tmx_detok_push(tok, &detok, next, piece, sizeof piece);
+            if (w > 0) fwrite(piece, 1, (size_t)w, stdout);
+            fflush(stdout);
+        }
+        if (n_gen < (int)n_predict) st = tmx_seq_forward(seq, &next, 1, logits, 0, &err);
+    }
+    const double t2 = now();
+    int w = tmx_detok_flush(&detok, piece, sizeof piece);
+    if (w > 0) fwrite(piece, 1, (size_t)w, stdout);
+    if (st == TMX_OK) {
+        /* n_gen tokens came from n_gen - 1 decode steps plus the prefill's logits */
+        printf("\n%d tokens, %.2f tokens/s (prompt: %zu tokens, %.2f tokens/s)\n", n_gen,
+               n_gen > 1 ? (n_gen - 1) / (t2 - t1) : 0.0, n_ids, (double)n_ids / (t1 - t0));
+        rc = 0;
+    } else {
+        fputc('\n', stdout);
+        cli_fail("generate", err);
+    }
+    tmx_seq_free(seq);
+    tmx_sampler_free(sampler);
+    free(prompt_ids);
+    free(ids);
+    free(logits);
+    tmx_engine_free(e);
+    return rc;
+}

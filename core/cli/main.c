@@ -1,0 +1,77 @@
+/* main.c: the tmx command line — one binary, one subcommand per job. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"generate", cmd_generate, "continue a prompt and print the text and tokens/s"},
+    {"inspect", cmd_inspect, "print a checkpoint's config, tensors and the plugins it needs"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: tmx <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n`tmx <command> --help` describes a command's options.\n");
+}
+
+int cli_engine_opt(struct cli_engine_opts *o, int c, const char *arg) {
+    switch (c) {
+    case 'm': o->model = arg; return 1;
+    case 'c': o->config = arg; return 1;
+    case 't':
+        snprintf(o->threads_set, sizeof o->threads_set, "threads=%s", arg);
+        arg = o->threads_set;
+        /* fall through */
+    case 'S':
+        if (o->n_overrides == TMX_CLI_MAX_OVERRIDES) {
+            fprintf(stderr, "tmx: at most %d --set options\n", TMX_CLI_MAX_OVERRIDES);
+            return -1;
+        }
+        o->overrides[o->n_overrides++] = arg;
+        return 1;
+    }
+    return 0;
+}
+
+struct tmx_engine *cli_engine_open(const struct cli_engine_opts *o, const char *cmd) {
+    if (!o->model) {
+        fprintf(stderr, "tmx %s: --model DIR is required\n", cmd);
+        return NULL;
+    }
+    struct tmx_engine *e = NULL;
+    char *err = NULL;
+    if (tmx_engine_open(o->model, o->config, o->n_overrides, o->overrides, &e, &err) != TMX_OK) {
+        cli_fail(cmd, err);
+        return NULL;
+    }
+    return e;
+}
+
+int cli_fail(const char *cmd, char *msg) {
+    fprintf(stderr, "tmx %s: %s\n", cmd, msg ? msg : "out of memory");
+    free(msg);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("tmx %s (plugin ABI %d.%d)\n", TMX_VERSION, TMX_ABI_MAJOR, TMX_ABI_MINOR);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "tmx: unknown command \"%s\"\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

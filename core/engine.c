@@ -1,0 +1,71 @@
+/* engine.c: opening a model directory end to end — config, plugins, kernel set, checkpoint,
+ * graph, tokenizer — and closing it in reverse order. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "tmx/tmx.h"
+
+struct tmx_engine {
+    struct tmx_config *cfg;
+    struct tmx_plugins *plugins;
+    struct tmx_kernels kernels;
+    struct tmx_checkpoint *ck;
+    struct tmx_model *model;
+    struct tmx_tokenizer *tok;
+};
+
+enum tmx_status tmx_engine_open(const char *model_dir, const char *config_path, int n_overrides,
+                                const char *const *overrides, struct tmx_engine **out,
+                                char **err) {
+    struct tmx_engine *e = calloc(1, sizeof *e);
+    if (!e) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    enum tmx_status st = tmx_config_load(config_path, &e->cfg, err);
+    for (int i = 0; st == TMX_OK && i < n_overrides; i++)
+        st = tmx_config_set(e->cfg, overrides[i], err);
+    if (st == TMX_OK) st = tmx_plugins_new(e->cfg, &e->plugins, err);
+    if (st == TMX_OK) st = tmx_plugins_load_configured(e->plugins, err);
+    if (st == TMX_OK) st = tmx_kernels_open(e->plugins, NULL, &e->kernels, err);
+    if (st == TMX_OK) st = tmx_checkpoint_open(model_dir, &e->ck, err);
+    if (st == TMX_OK) st = tmx_model_load(e->ck, &e->kernels, &e->model, err);
+    if (st == TMX_OK) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
+        st = tmx_tokenizer_load(path, &e->tok, err);
+    }
+    if (st != TMX_OK) {
+        tmx_engine_free(e);
+        return st;
+    }
+    *out = e;
+    return TMX_OK;
+}
+
+void tmx_engine_free(struct tmx_engine *e) {
+    if (!e) return;
+    tmx_tokenizer_free(e->tok);
+    tmx_model_free(e->model);
+    tmx_checkpoint_free(e->ck);
+    if (e->kernels.ops) tmx_kernels_close(&e->kernels);
+    tmx_plugins_free(e->plugins);
+    tmx_config_free(e->cfg);
+    free(e);
+}
+
+const struct tmx_config *tmx_engine_config(const struct tmx_engine *e) { return e->cfg; }
+struct tmx_model *tmx_engine_model(struct tmx_engine *e) { return e->model; }
+const struct tmx_tokenizer *tmx_engine_tokenizer(const struct tmx_engine *e) { return e->tok; }
+const struct tmx_plugins *tmx_engine_plugins(const struct tmx_engine *e) { return e->plugins; }
+
+int tmx_engine_n_vocab(const struct tmx_engine *e) {
+    const int n_tok = tmx_tokenizer_n_vocab(e->tok), n_model = tmx_model_cfg(e->model)->vocab_size;
+    return n_tok < n_model ? n_tok : n_model;
+}
+
+int tmx_engine_n_ctx(const struct tmx_engine *e) {
+    const int64_t want = tmx_config_int(e->cfg, "context");
+    const int max = tmx_model_cfg(e->model)->max_position_embeddings;
+    return want > 0 && want < max ? (int)want : max;
+}
+
+void tmx_free(void *p) { free(p); }

@@ -1,0 +1,77 @@
+/* tmx/model.h: the model graph (docs/model.md) on a kernel set, and sequences that run it.
+ *
+ * Ownership: a tmx_model borrows the checkpoint and the kernel set given to tmx_model_load
+ * (both must outlive it) and owns the weights it imported into the kernel set. A tmx_seq owns its
+ * KV cache and scratch buffers and borrows its model. */
+#ifndef TMX_MODEL_H
+#define TMX_MODEL_H
+
+#include <stdint.h>
+
+#include "tmx/kernels.h"
+#include "tmx/loader.h"
+#include "tmx/safetensors.h"
+#include "tmx/status.h"
+
+#define TMX_MAX_LAYERS 256
+#define TMX_MAX_EOS 8
+
+enum tmx_model_type { TMX_MODEL_MUSE = 0, TMX_MODEL_LLAMA };
+enum tmx_rope_type { TMX_ROPE_DEFAULT = 0, TMX_ROPE_LINEAR, TMX_ROPE_LLAMA3 };
+
+/* config.json, with docs/model.md's defaults applied. */
+struct tmx_model_config {
+    enum tmx_model_type type;
+    int vocab_size, hidden, n_layers, n_heads, n_kv_heads, head_dim;
+    int sliding_window;
+    unsigned char sliding[TMX_MAX_LAYERS]; /* layer uses sliding-window attention */
+    unsigned char dense[TMX_MAX_LAYERS];   /* layer has a dense MLP instead of MoE */
+    double rope_theta, rope_local_theta;
+    enum tmx_rope_type rope_type;
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_pos;
+    int max_position_embeddings;
+    double rms_norm_eps;
+    int tie_word_embeddings;
+    int intermediate_size;
+    int n_routed_experts, n_experts_per_tok, moe_latent_size, moe_intermediate_size;
+    int n_shared_experts;
+    double routed_scaling_factor;
+    int norm_topk_prob;
+    enum tmx_router_score router_score;
+    int residual_gates;
+    int bos_token_id;                /* -1: none */
+    int eos_token_ids[TMX_MAX_EOS];
+    int n_eos;
+};
+
+/* Parses DIR/config.json; every error names the file and the field. */
+enum tmx_status tmx_model_config_load(const char *dir, struct tmx_model_config *cfg, char **err);
+
+struct tmx_model;
+
+/* Binds every tensor docs/model.md lists (a missing or mis-shaped tensor is an error naming it)
+ * and imports the weights into the kernel set. */
+enum tmx_status tmx_model_load(const struct tmx_checkpoint *ck, const struct tmx_kernels *k,
+                               struct tmx_model **out, char **err);
+void tmx_model_free(struct tmx_model *m);
+const struct tmx_model_config *tmx_model_cfg(const struct tmx_model *m);
+
+/* One sequence: its KV cache (sliding layers keep only window + n_batch positions) and the
+ * scratch buffers of a step of up to n_batch tokens. */
+struct tmx_seq;
+
+enum tmx_status tmx_seq_new(struct tmx_model *m, int n_ctx, int n_batch, struct tmx_seq **out,
+                            char **err);
+void tmx_seq_free(struct tmx_seq *s);
+int tmx_seq_n_past(const struct tmx_seq *s);
+void tmx_seq_reset(struct tmx_seq *s);
+
+/* Appends tokens[0..n) to the sequence (in steps of at most n_batch) and writes logits
+ * (vocab_size columns, padded rows included): of the last token to logits[vocab_size], or with
+ * all_rows of every token to logits[n][vocab_size]. Errors: context full, token id out of range,
+ * a kernel failure. */
+enum tmx_status tmx_seq_forward(struct tmx_seq *s, const int32_t *tokens, int n, float *logits,
+                                int all_rows, char **err);
+
+#endif
