@@ -1,0 +1,153 @@
+"""The C engine against the independent numpy float64 reference (tools/reference/muse_ref.py).
+
+muse-tiny has a sliding window of 16 positions; every prompt here is longer, so the window,
+the sliding layers' ring-buffer KV cache and chunked prefill across window boundaries are all
+exercised. Bound: max |C - ref| / max |ref| <= 1e-4 per logits row with F32 weights.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tmx_engine import BIN_DIR, Engine, TmxError
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
+import muse_ref  # noqa: E402
+
+PROMPTS = [
+    "Once upon a time, in a kingdom by the sea, there lived a king who had three daughters.",
+    "The quick brown fox jumps over the lazy dog; then it runs into the forest and hides.",
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was "
+    "the age of foolishness, it was the epoch of belief.",
+]
+REL_TOL = 1e-4
+
+
+def make_model(tmp_path_factory, name, *args):
+    out = tmp_path_factory.mktemp(name)
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_tiny_model.py"), str(out),
+                    *args], check=True, capture_output=True)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_model(tmp_path_factory, "muse-tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16_sharded(tmp_path_factory):
+    return make_model(tmp_path_factory, "muse-tiny-bf16", "--dtype", "bf16", "--shards", "2",
+                      "--seed", "3")
+
+
+def encode(model_dir, text):
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    ref = muse_ref.load(model_dir)
+    bos = ref.cfg.bos_token_id if hasattr(ref.cfg, "bos_token_id") else None
+    ids = tok.encode(text, add_special_tokens=False).ids
+    return ([bos] if bos is not None else []) + ids
+
+
+def max_rel_err(c, r):
+    return float(np.max(np.abs(c - r), axis=-1).max() / np.abs(r).max())
+
+
+def check_logits(model_dir, overrides=(), n_batch=512):
+    ref = muse_ref.load(model_dir)
+    with Engine(model_dir, overrides) as eng:
+        for text in PROMPTS:
+            ids = encode(model_dir, text)
+            assert len(ids) > 2 * 16, "prompts must be longer than the sliding window"
+            want = ref.forward(ids)
+            seq = eng.seq(n_ctx=256, n_batch=n_batch)
+            got = seq.forward(ids)
+            seq.close()
+            assert got.shape == want.shape
+            err = max_rel_err(got, want)
+            assert err <= REL_TOL, f"max relative error {err:.2e} > {REL_TOL} on {text[:30]!r}"
+
+
+def test_logits_match_reference_f32(tiny):
+    check_logits(tiny, ["threads=2"])
+
+
+def test_logits_match_reference_bf16_sharded(tiny_bf16_sharded):
+    check_logits(tiny_bf16_sharded, ["threads=2"])
+
+
+def test_chunked_prefill_matches_reference(tiny):
+    # Steps of 7 tokens: queries of one step see keys written by the previous ones, and the
+    # sliding layers' ring buffer wraps several times.
+    check_logits(tiny, ["threads=1"], n_batch=7)
+
+
+def test_greedy_64_tokens_identical(tiny):
+    ref = muse_ref.load(tiny)
+    with Engine(tiny, ["threads=2"]) as eng:
+        for text in PROMPTS[:2]:
+            ids = encode(tiny, text)
+            want = ref.greedy(ids, 64)
+            seq = eng.seq(n_ctx=256)
+            got = seq.greedy(ids, 64)
+            seq.close()
+            assert got == want
+            assert len(set(got)) > 8, "greedy text should not be one token repeated"
+
+
+def test_thread_count_does_not_change_logits(tiny):
+    ids = encode(tiny, PROMPTS[0])
+    outs = []
+    for threads in (1, 2):
+        with Engine(tiny, [f"threads={threads}"]) as eng:
+            seq = eng.seq(n_ctx=128)
+            outs.append(seq.forward(ids))
+            seq.close()
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_context_full_is_an_error(tiny):
+    with Engine(tiny) as eng:
+        seq = eng.seq(n_ctx=8)
+        with pytest.raises(TmxError, match="context full"):
+            seq.forward(list(range(9)))
+        seq.close()
+
+
+def test_generate_cli_prints_greedy_text_and_speed(tiny):
+    from tokenizers import Tokenizer
+    ref = muse_ref.load(tiny)
+    ids = encode(tiny, PROMPTS[0])
+    want = Tokenizer.from_file(os.path.join(tiny, "tokenizer.json")).decode(
+        ref.greedy(ids, 24), skip_special_tokens=False)
+    out = subprocess.run([os.path.join(BIN_DIR, "tmx"), "generate", "--model", tiny,
+                          "--prompt", PROMPTS[0], "-n", "24", "--temperature", "0"],
+                         check=True, capture_output=True, text=True).stdout
+    text, _, last = out.rstrip("\n").rpartition("\n")
+    assert re.fullmatch(r"\d+ tokens, [0-9.]+ tokens/s \(prompt: \d+ tokens, [0-9.]+ tokens/s\)",
+                        last), last
+    assert text == want
+
+
+def test_generate_cli_sampling_is_seeded(tiny):
+    cmd = [os.path.join(BIN_DIR, "tmx"), "generate", "--model", tiny, "--prompt", "The king",
+           "-n", "32", "--temperature", "0.9", "--top-p", "0.95", "--top-k", "40"]
+    runs = [subprocess.run(cmd + ["--seed", s], check=True, capture_output=True,
+                           text=True).stdout.rsplit("\n", 2)[0] for s in ("1", "1", "2")]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_generate_cli_errors_are_one_line(tiny, tmp_path):
+    tmx = os.path.join(BIN_DIR, "tmx")
+    r = subprocess.run([tmx, "generate", "--model", str(tmp_path), "--prompt", "x"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and str(tmp_path) in r.stderr and r.stderr.count("\n") == 1
+    r = subprocess.run([tmx, "generate", "--model", tiny, "--prompt", "x", "--temperature", "-1"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "temperature" in r.stderr and r.stderr.count("\n") == 1

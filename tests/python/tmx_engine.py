@@ -1,0 +1,104 @@
+"""ctypes binding of the engine API (core/include/tmx/tmx.h, model.h) for the Python tests.
+
+Only what the tests need: open a model directory, run a sequence, read logits.
+"""
+import ctypes as C
+import json
+import os
+
+import numpy as np
+
+BIN_DIR = os.environ.get("TMX_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+
+_lib = None
+
+
+def lib():
+    global _lib
+    if _lib is None:
+        _lib = C.CDLL(os.path.join(BIN_DIR, "libtmx.so"))
+        P, I, S = C.c_void_p, C.c_int, C.c_char_p
+        _lib.tmx_engine_open.argtypes = [S, S, I, C.POINTER(S), C.POINTER(P), C.POINTER(P)]
+        _lib.tmx_engine_free.argtypes = [P]
+        _lib.tmx_engine_model.argtypes = [P]
+        _lib.tmx_engine_model.restype = P
+        _lib.tmx_engine_n_vocab.argtypes = [P]
+        _lib.tmx_seq_new.argtypes = [P, I, I, C.POINTER(P), C.POINTER(P)]
+        _lib.tmx_seq_free.argtypes = [P]
+        _lib.tmx_seq_forward.argtypes = [P, C.POINTER(C.c_int32), I, C.POINTER(C.c_float), I,
+                                         C.POINTER(P)]
+        _lib.tmx_free.argtypes = [P]
+    return _lib
+
+
+class TmxError(RuntimeError):
+    pass
+
+
+def _check(status, err):
+    if status != 0:
+        msg = C.string_at(err.value).decode() if err.value else "status %d" % status
+        lib().tmx_free(err)
+        raise TmxError(msg)
+
+
+class Engine:
+    """An engine on a model directory, with `key=value` config overrides."""
+
+    def __init__(self, model_dir, overrides=(), config=None):
+        arr = (C.c_char_p * max(1, len(overrides)))(*[o.encode() for o in overrides])
+        self.handle, err = C.c_void_p(), C.c_void_p()
+        _check(lib().tmx_engine_open(model_dir.encode(), config.encode() if config else None,
+                                     len(overrides), arr, C.byref(self.handle), C.byref(err)),
+               err)
+        with open(os.path.join(model_dir, "config.json")) as f:
+            self.vocab_size = json.load(f)["vocab_size"]
+        self.n_vocab = lib().tmx_engine_n_vocab(self.handle)
+
+    def close(self):
+        if self.handle:
+            lib().tmx_engine_free(self.handle)
+            self.handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def seq(self, n_ctx=1024, n_batch=512):
+        return Seq(self, n_ctx, n_batch)
+
+
+class Seq:
+    def __init__(self, engine, n_ctx, n_batch):
+        self.engine, self.handle, err = engine, C.c_void_p(), C.c_void_p()
+        _check(lib().tmx_seq_new(lib().tmx_engine_model(engine.handle), n_ctx, n_batch,
+                                 C.byref(self.handle), C.byref(err)), err)
+
+    def close(self):
+        if self.handle:
+            lib().tmx_seq_free(self.handle)
+            self.handle = None
+
+    def forward(self, ids, all_rows=True):
+        """Appends ids; returns logits [n][n_vocab] (all rows) or [n_vocab] (last row)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        rows = len(ids) if all_rows else 1
+        out = np.zeros((rows, self.engine.vocab_size), dtype=np.float32)
+        err = C.c_void_p()
+        _check(lib().tmx_seq_forward(self.handle, ids.ctypes.data_as(C.POINTER(C.c_int32)),
+                                     len(ids), out.ctypes.data_as(C.POINTER(C.c_float)),
+                                     int(all_rows), C.byref(err)), err)
+        out = out[:, : self.engine.n_vocab]
+        return out if all_rows else out[0]
+
+    def greedy(self, prompt_ids, n):
+        logits = self.forward(prompt_ids, all_rows=False)
+        out = []
+        for i in range(n):
+            nxt = int(np.argmax(logits))
+            out.append(nxt)
+            if i + 1 < n:
+                logits = self.forward([nxt], all_rows=False)
+        return out
