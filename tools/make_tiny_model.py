@@ -211,7 +211,13 @@ def preset_config(preset, n_tokens, special):
 # N(0, 1) so the residual stream starts at RMS 1. Norm weights are 1 + small noise and residual
 # gates lie in [0.5, 1.5], so each one is exercised without blowing up the residual stream.
 # Attention outputs are scaled up a little so that context, not only the current token,
-# steers the next-token choice and greedy text does not fall into a short cycle.
+# steers the next-token choice and greedy text does not fall into a short cycle. The router
+# correction bias is about a quarter of the spread of the sigmoid scores: it changes roughly a
+# third of the selections while every expert still gets tokens.
+ATTN_OUT_GAIN = 2.0
+LM_HEAD_GAIN = 2.0
+CORRECTION_BIAS_STD = 0.05
+
 
 def make_weights(cfg, rng):
     """Returns {tensor name: float32 array} in a fixed order (the order draws are made)."""
@@ -268,13 +274,14 @@ def make_weights(cfg, rng):
     return {name: a.astype(np.float32) for name, a in w.items()}
 
 
-ATTN_OUT_GAIN = 2.0
-LM_HEAD_GAIN = 2.0
-CORRECTION_BIAS_STD = 0.05
-
-
-def count_parameters(weights):
-    return sum(a.size for a in weights.values())
+def count_parameters(cfg, weights):
+    """(total, active per token): a token runs num_experts_per_tok of the routed experts."""
+    total = sum(a.size for a in weights.values())
+    idle = cfg["n_routed_experts"] - cfg["num_experts_per_tok"]
+    expert = sum(weights[f"model.layers.{layer}.mlp.experts.0.{proj}_proj.weight"].size
+                 for layer in range(cfg["num_hidden_layers"]) if layer not in cfg["dense_layers"]
+                 for proj in ("gate", "up", "down"))
+    return total, total - idle * expert
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,16 +319,17 @@ def write_weights(out_dir, weights, dtype, n_shards):
                 "weight_map": {n: files[shard_of[n]] for n in names}})
 
 
-def write_tokenizer_files(out_dir, tokenizer, special):
+def write_tokenizer_files(out_dir, tokenizer, special, max_length):
+    """tokenizer.json has no post-processor, so encoding adds no BOS; the chat template
+    writes it."""
     write_json(os.path.join(out_dir, "tokenizer.json"), tokenizer)
     write_json(os.path.join(out_dir, "tokenizer_config.json"), {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<|begin_of_text|>",
         "eos_token": "<|end_of_text|>",
-        "add_bos_token": True,
-        "add_eos_token": False,
+        "add_bos_token": False,
         "clean_up_tokenization_spaces": False,
-        "model_max_length": 4096,
+        "model_max_length": max_length,
         "chat_template": CHAT_TEMPLATE,
         "added_tokens_decoder": {
             str(i): {"content": tok, "lstrip": False, "normalized": False, "rstrip": False,
@@ -351,10 +359,11 @@ def main():
     write_json(os.path.join(args.out_dir, "generation_config.json"), {
         "bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
         "do_sample": False})
-    write_tokenizer_files(args.out_dir, tokenizer, special)
+    write_tokenizer_files(args.out_dir, tokenizer, special, cfg["max_position_embeddings"])
     write_weights(args.out_dir, weights, args.dtype, args.shards)
-    print(f"{args.out_dir}: muse_spark preset {args.preset}, {args.dtype}, seed {args.seed}, "
-          f"{count_parameters(weights):,} parameters, {n_tokens} tokenizer ids, "
+    total, active = count_parameters(cfg, weights)
+    print(f"{args.out_dir}: muse_spark preset {args.preset}, {args.dtype}, seed {args.seed}: "
+          f"{total:,} parameters ({active:,} active per token), {n_tokens} tokenizer ids, "
           f"vocab_size {cfg['vocab_size']}")
 
 

@@ -22,33 +22,23 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import safetensors_io  # noqa: E402
+
 # ---------------------------------------------------------------------------------------------
 # Checkpoint reading
 
 
 def read_safetensors(path):
     """{name: float64 array} of one .safetensors file. BF16 and F16 widen exactly."""
-    with open(path, "rb") as f:
-        header_len = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(header_len))
-        data = f.read()
+    tensors, _ = safetensors_io.load_file(path)
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        raw = data[begin:end]
-        dtype = info["dtype"]
-        if dtype == "BF16":
-            bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
-            a = bits.view(np.float32)
-        elif dtype == "F16":
-            a = np.frombuffer(raw, dtype="<f2")
-        elif dtype == "F32":
-            a = np.frombuffer(raw, dtype="<f4")
-        else:
-            raise ValueError(f"{path}: tensor {name}: dtype {dtype} not supported")
-        out[name] = a.astype(np.float64).reshape(info["shape"])
+    for name, a in tensors.items():
+        if a.dtype == np.uint16:
+            a = safetensors_io.bf16_bits_to_f32(a)
+        elif a.dtype not in (np.float16, np.float32):
+            raise ValueError(f"{path}: tensor {name}: dtype {a.dtype} is not F32, BF16 or F16")
+        out[name] = a.astype(np.float64)
     return out
 
 
@@ -106,11 +96,19 @@ class Config:
             self.residual_gates = False
         else:
             types = c.get("layer_types") or ["full_attention"] * self.n_layers
+            if len(types) != self.n_layers or \
+                    not set(types) <= {"sliding_attention", "full_attention"}:
+                raise ValueError("config.json: layer_types needs one "
+                                 "sliding_attention/full_attention per layer")
             self.sliding = [t == "sliding_attention" for t in types]
             dense = set(c.get("dense_layers", []))
             self.dense = [i in dense for i in range(self.n_layers)]
             self.residual_gates = c.get("residual_gates", False)
         self.sliding_window = c.get("sliding_window") if any(self.sliding) else None
+        if any(self.sliding) and not self.sliding_window:
+            raise ValueError("config.json: sliding_window is required with sliding layers")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError("config.json: num_key_value_heads must divide num_attention_heads")
         self.intermediate = c.get("intermediate_size")
         self.n_experts = c.get("n_routed_experts")
         self.top_k = c.get("num_experts_per_tok")
@@ -118,6 +116,9 @@ class Config:
         self.routed_scaling = c.get("routed_scaling_factor", 1.0)
         self.norm_topk_prob = c.get("norm_topk_prob", True)
         self.router_score = c.get("router_score", "sigmoid")
+        self.bos_token_id = c.get("bos_token_id")
+        eos = c.get("eos_token_id")
+        self.eos_token_ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,7 +165,8 @@ def rope_inv_freq(head_dim, theta, scaling):
 
 
 def rope(x, positions, inv_freq):
-    """Rotate-half RoPE on x [n][heads][head_dim]: pairs (i, i + head_dim/2) turn by p·inv_freq[i]."""
+    """Rotate-half RoPE on x [n][heads][head_dim]: the pair (i, i + head_dim/2) of position p
+    turns by p·inv_freq[i]."""
     angle = positions[:, None] * inv_freq[None, :]         # [n][head_dim/2]
     cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
     half = x.shape[-1] // 2
@@ -348,8 +350,9 @@ def main():
     else:
         ids = [int(s) for s in args.ids.split(",") if s.strip()]
     if args.bos:
-        with open(os.path.join(args.model_dir, "config.json")) as f:
-            ids = [json.load(f)["bos_token_id"]] + ids
+        if model.cfg.bos_token_id is None:
+            sys.exit(f"{args.model_dir}/config.json: --bos needs bos_token_id")
+        ids = [model.cfg.bos_token_id] + ids
     if args.logits:
         np.save(args.logits, model.forward(ids))
     out = model.greedy(ids, args.n)
