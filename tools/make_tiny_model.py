@@ -2,7 +2,7 @@
 """Writes a random-weight Muse checkpoint in the Hugging Face layout.
 
     python3 tools/make_tiny_model.py OUT_DIR [--seed N] [--dtype f32|bf16]
-                                     [--preset tiny|30m] [--shards N]
+                                     [--preset tiny|30m|llama] [--shards N]
 
 OUT_DIR gets config.json, model.safetensors (or N shards and model.safetensors.index.json),
 tokenizer.json, tokenizer_config.json and generation_config.json. The output is a pure
@@ -164,6 +164,20 @@ def preset_config(preset, n_tokens, special):
     """config.json for a preset. vocab_size is the tokenizer's size rounded up to a multiple of
     64, so the checkpoint has padded embedding/head rows that logits must drop."""
     vocab_size = (n_tokens + 63) // 64 * 64
+    if preset == "llama":
+        # A dense Llama-family model: every layer dense with full attention, tied embeddings and
+        # Llama 3.1 RoPE scaling, so that path of the graph is checked too.
+        return {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": vocab_size, "hidden_size": 128, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "intermediate_size": 256, "max_position_embeddings": 1024, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+            "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+            "bos_token_id": special["<|begin_of_text|>"],
+            "eos_token_id": special["<|end_of_text|>"],
+        }
     if preset == "tiny":
         shape = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
                      num_key_value_heads=2, head_dim=32,
@@ -223,8 +237,10 @@ def make_weights(cfg, rng):
     """Returns {tensor name: float32 array} in a fixed order (the order draws are made)."""
     hid, hd = cfg["hidden_size"], cfg["head_dim"]
     nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    lat, mi = cfg["moe_latent_size"], cfg["moe_intermediate_size"]
-    shared = cfg["n_shared_experts"] * mi
+    muse = cfg["model_type"] == "muse_spark"
+    lat, mi = cfg.get("moe_latent_size", 0), cfg.get("moe_intermediate_size", 0)
+    shared = cfg.get("n_shared_experts", 0) * mi
+    dense_layers = cfg["dense_layers"] if muse else range(cfg["num_hidden_layers"])
     w = {}
 
     def linear(name, rows, cols, gain=1.0):
@@ -244,12 +260,14 @@ def make_weights(cfg, rng):
         linear(p + "self_attn.k_proj.weight", nkv * hd, hid)
         linear(p + "self_attn.v_proj.weight", nkv * hd, hid)
         linear(p + "self_attn.o_proj.weight", hid, nq * hd, gain=ATTN_OUT_GAIN)
-        norm(p + "self_attn.q_norm.weight", hd)
-        norm(p + "self_attn.k_norm.weight", hd)
-        gate(p + "attn_gate", hid)
+        if muse:
+            norm(p + "self_attn.q_norm.weight", hd)
+            norm(p + "self_attn.k_norm.weight", hd)
+            gate(p + "attn_gate", hid)
         norm(p + "post_attention_layernorm.weight", hid)
-        gate(p + "mlp_gate", hid)
-        if layer in cfg["dense_layers"]:
+        if muse:
+            gate(p + "mlp_gate", hid)
+        if layer in dense_layers:
             inter = cfg["intermediate_size"]
             linear(p + "mlp.gate_proj.weight", inter, hid)
             linear(p + "mlp.up_proj.weight", inter, hid)
@@ -270,13 +288,16 @@ def make_weights(cfg, rng):
             linear(p + "mlp.shared_experts.up_proj.weight", shared, hid)
             linear(p + "mlp.shared_experts.down_proj.weight", hid, shared)
     norm("model.norm.weight", hid)
-    linear("lm_head.weight", cfg["vocab_size"], hid, gain=LM_HEAD_GAIN)
+    if not cfg["tie_word_embeddings"]:
+        linear("lm_head.weight", cfg["vocab_size"], hid, gain=LM_HEAD_GAIN)
     return {name: a.astype(np.float32) for name, a in w.items()}
 
 
 def count_parameters(cfg, weights):
     """(total, active per token): a token runs num_experts_per_tok of the routed experts."""
     total = sum(a.size for a in weights.values())
+    if cfg["model_type"] != "muse_spark":
+        return total, total
     idle = cfg["n_routed_experts"] - cfg["num_experts_per_tok"]
     expert = sum(weights[f"model.layers.{layer}.mlp.experts.0.{proj}_proj.weight"].size
                  for layer in range(cfg["num_hidden_layers"]) if layer not in cfg["dense_layers"]
@@ -343,7 +364,7 @@ def main():
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
-    ap.add_argument("--preset", choices=["tiny", "30m"], default="tiny")
+    ap.add_argument("--preset", choices=["tiny", "30m", "llama"], default="tiny")
     ap.add_argument("--shards", type=int, default=1, help="number of safetensors files")
     args = ap.parse_args()
     if args.shards < 1:
@@ -362,7 +383,7 @@ def main():
     write_tokenizer_files(args.out_dir, tokenizer, special, cfg["max_position_embeddings"])
     write_weights(args.out_dir, weights, args.dtype, args.shards)
     total, active = count_parameters(cfg, weights)
-    print(f"{args.out_dir}: muse_spark preset {args.preset}, {args.dtype}, seed {args.seed}: "
+    print(f"{args.out_dir}: {cfg['model_type']} preset {args.preset}, {args.dtype}, seed {args.seed}: "
           f"{total:,} parameters ({active:,} active per token), {n_tokens} tokenizer ids, "
           f"vocab_size {cfg['vocab_size']}")
 

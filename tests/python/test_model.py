@@ -45,6 +45,11 @@ def tiny_bf16_sharded(tmp_path_factory):
                       "--seed", "3")
 
 
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return make_model(tmp_path_factory, "llama-tiny", "--preset", "llama", "--dtype", "bf16")
+
+
 def encode(model_dir, text):
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
@@ -79,6 +84,11 @@ def test_logits_match_reference_f32(tiny):
 
 def test_logits_match_reference_bf16_sharded(tiny_bf16_sharded):
     check_logits(tiny_bf16_sharded, ["threads=2"])
+
+
+def test_logits_match_reference_llama(tiny_llama):
+    # model_type llama: dense layers, full attention, tied embeddings, Llama 3.1 RoPE scaling.
+    check_logits(tiny_llama, ["threads=2"])
 
 
 def test_chunked_prefill_matches_reference(tiny):
