@@ -39,7 +39,7 @@ enum tmx_log_level tmx_log_level(void) {
 void tmx_log_set_level(enum tmx_log_level level) { atomic_store(&current_level, (int)level); }
 
 void tmx_log(enum tmx_log_level level, const char *fmt, ...) {
-    if (level < TMX_LOG_ERROR || level > tmx_log_level()) return;
+    if ((unsigned)level > (unsigned)tmx_log_level()) return;
     va_list ap;
     va_start(ap, fmt);
     /* One locked write per line, so lines from several threads never interleave. */

@@ -37,4 +37,26 @@ const char *tmx_config_load_at(const struct tmx_config *cfg, int i);
 /* Writes the resolved configuration (defaults, file, env, CLI applied) as JSON to stdout. */
 void tmx_config_print(const struct tmx_config *cfg);
 
+/* --- plugin options: what the loader (tmx/loader.h) uses ---------------------------------- */
+
+struct tmx_plugin;
+struct tmx_opts;
+
+/* Checks the option table of plugin p (loaded from the file `path`, which messages name) and
+ * resolves each option from, in order: the command line, TMX_<KIND>_<NAME>_<OPTION> (read now),
+ * the file's "plugins" section, then the table's default; a kernel set's int option "threads"
+ * takes the core key "threads" before its default. An option set in the file or on the command
+ * line that the table lacks, or a value that is not of the option's type, is an error naming
+ * the plugin, the option and where it was set. *out is freed with tmx_opts_free. */
+enum tmx_status tmx_config_plugin_opts(const struct tmx_config *cfg, const struct tmx_plugin *p,
+                                       const char *path, struct tmx_opts **out, char **err);
+void tmx_opts_free(struct tmx_opts *opts);
+
+/* Resolved values, as struct tmx_host hands them to plugins. An option that the table does not
+ * declare with that type gives NULL / 0. Strings live as long as opts. */
+const char *tmx_opts_str(const struct tmx_opts *opts, const char *name);
+int64_t tmx_opts_int(const struct tmx_opts *opts, const char *name);
+double tmx_opts_float(const struct tmx_opts *opts, const char *name);
+int tmx_opts_bool(const struct tmx_opts *opts, const char *name);
+
 #endif

@@ -48,6 +48,8 @@ enum tmx_plugin_kind {
 
 /* "kernels", "codec", ...: the <kind> part of the file name and of config keys. */
 const char *tmx_plugin_kind_name(enum tmx_plugin_kind kind);
+/* The inverse: TMX_PLUGIN_KIND_COUNT when `name` is no kind. */
+enum tmx_plugin_kind tmx_plugin_kind_from_name(const char *name);
 
 /* --- options ------------------------------------------------------------------------------ */
 
