@@ -87,10 +87,12 @@ static enum tmx_status open_index(struct tmx_checkpoint *ck, const char *path, c
     json_error_t jerr;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return tmx_err(err, TMX_ERR_INVALID, "%s: line %d: %s", path, jerr.line, jerr.text);
+        return jerr.line > 0
+                   ? tmx_err(err, TMX_ERR_INVALID, "%s: line %d: %s", path, jerr.line, jerr.text)
+                   : tmx_err(err, TMX_ERR_IO, "%s", jerr.text);
     enum tmx_status s = TMX_OK;
     json_t *files = json_object(); /* shard file name -> shard number, in index order */
-    const json_t *map = json_object_get(root, "weight_map");
+    json_t *map = json_object_get(root, "weight_map");
     if (!files) {
         s = tmx_err(err, TMX_ERR_NOMEM, "%s: out of memory", path);
         goto out;
@@ -100,14 +102,15 @@ static enum tmx_status open_index(struct tmx_checkpoint *ck, const char *path, c
         goto out;
     }
 
-    ck->entries = calloc(json_object_size(map) ? json_object_size(map) : 1, sizeof *ck->entries);
+    size_t n_map = json_object_size(map);
+    ck->entries = calloc(n_map ? n_map : 1, sizeof *ck->entries);
     if (!ck->entries) {
         s = tmx_err(err, TMX_ERR_NOMEM, "%s: out of memory", path);
         goto out;
     }
     const char *name;
     json_t *v;
-    json_object_foreach((json_t *)map, name, v) {
+    json_object_foreach(map, name, v) {
         const char *file = json_string_value(v);
         if (!file || !is_plain_file_name(file)) {
             s = tmx_err(err, TMX_ERR_INVALID,

@@ -67,8 +67,8 @@ static enum tmx_status parse_entry(const char *file, const char *name, const jso
 
     const json_t *dtype = json_object_get(v, "dtype");
     if (!json_is_string(dtype))
-        return tmx_err(err, TMX_ERR_INVALID, "%s: tensor '%s': \"dtype\" is missing or not a string",
-                       file, name);
+        return tmx_err(err, TMX_ERR_INVALID,
+                       "%s: tensor '%s': \"dtype\" is missing or not a string", file, name);
     e->t.dtype = tmx_dtype_from_name(json_string_value(dtype));
     if (e->t.dtype == TMX_DTYPE_COUNT)
         return tmx_err(err, TMX_ERR_UNSUPPORTED,
@@ -78,8 +78,8 @@ static enum tmx_status parse_entry(const char *file, const char *name, const jso
 
     const json_t *shape = json_object_get(v, "shape");
     if (!json_is_array(shape))
-        return tmx_err(err, TMX_ERR_INVALID, "%s: tensor '%s': \"shape\" is missing or not an array",
-                       file, name);
+        return tmx_err(err, TMX_ERR_INVALID,
+                       "%s: tensor '%s': \"shape\" is missing or not an array", file, name);
     size_t ndim = json_array_size(shape);
     if (ndim > TMX_MAX_DIMS)
         return tmx_err(err, TMX_ERR_UNSUPPORTED, "%s: tensor '%s': %zu dims, tmx reads at most %d",
@@ -99,13 +99,14 @@ static enum tmx_status parse_entry(const char *file, const char *name, const jso
         if (d == 0)
             empty = true;
         else if (__builtin_mul_overflow(nbytes, (uint64_t)d, &nbytes) || nbytes > INT64_MAX)
-            return tmx_err(err, TMX_ERR_INVALID, "%s: tensor '%s': byte size of the shape overflows",
-                           file, name);
+            return tmx_err(err, TMX_ERR_INVALID,
+                           "%s: tensor '%s': byte size of the shape overflows", file, name);
     }
     if (empty) nbytes = 0;
 
     const json_t *offs = json_object_get(v, "data_offsets");
-    int64_t begin = json_nonneg(json_array_get(offs, 0)), end = json_nonneg(json_array_get(offs, 1));
+    int64_t begin = json_nonneg(json_array_get(offs, 0));
+    int64_t end = json_nonneg(json_array_get(offs, 1));
     if (!json_is_array(offs) || json_array_size(offs) != 2 || begin < 0 || end < 0)
         return tmx_err(err, TMX_ERR_INVALID,
                        "%s: tensor '%s': \"data_offsets\" is not [begin, end] of non-negative "
@@ -155,7 +156,7 @@ static const char *arena_put(char *arena, size_t *pos, const char *s) {
 /* Builds st from a header already known to be a JSON object. */
 static enum tmx_status build(struct tmx_safetensors *st, const char *file, json_t *header,
                              const unsigned char *data, uint64_t data_size, char **err) {
-    const json_t *meta = json_object_get(header, "__metadata__");
+    json_t *meta = json_object_get(header, "__metadata__");
     if (meta && !json_is_object(meta))
         return tmx_err(err, TMX_ERR_INVALID, "%s: \"__metadata__\" is not a JSON object", file);
 
@@ -168,7 +169,7 @@ static enum tmx_status build(struct tmx_safetensors *st, const char *file, json_
         st->n++;
         arena_size += strlen(key) + 1;
     }
-    json_object_foreach((json_t *)meta, key, v) {
+    json_object_foreach(meta, key, v) {
         if (!json_is_string(v))
             return tmx_err(err, TMX_ERR_INVALID,
                            "%s: \"__metadata__\" value for '%s' is not a string", file, key);
@@ -192,7 +193,7 @@ static enum tmx_status build(struct tmx_safetensors *st, const char *file, json_
         e->t.data = (void *)(data + e->begin);
     }
     i = 0;
-    json_object_foreach((json_t *)meta, key, v) {
+    json_object_foreach(meta, key, v) {
         st->meta[i++] = arena_put(st->strings, &pos, key);
         st->meta[i++] = arena_put(st->strings, &pos, json_string_value(v));
     }
@@ -234,15 +235,12 @@ enum tmx_status tmx_safetensors_parse(const void *buf, size_t size, const char *
                        "%s: header length %llu runs past the end of the file (%zu bytes)", name,
                        (unsigned long long)hlen, size);
 
+    /* Duplicate tensor names are rejected here, with the name in jansson's message. */
     json_error_t jerr;
     json_t *header = json_loadb((const char *)p + 8, hlen, JSON_REJECT_DUPLICATES, &jerr);
-    if (!header) {
-        if (json_error_code(&jerr) == json_error_duplicate_key)
-            return tmx_err(err, TMX_ERR_INVALID, "%s: duplicate tensor name in header: %s", name,
-                           jerr.text);
+    if (!header)
         return tmx_err(err, TMX_ERR_INVALID, "%s: header JSON, byte %d: %s", name, jerr.position,
                        jerr.text);
-    }
     if (!json_is_object(header)) {
         json_decref(header);
         return tmx_err(err, TMX_ERR_INVALID, "%s: header is not a JSON object", name);

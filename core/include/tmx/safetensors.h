@@ -41,7 +41,9 @@ struct tmx_checkpoint;
 /* Opens a Hugging Face model directory: model.safetensors, or the shards listed by
  * model.safetensors.index.json ("weight_map": tensor name -> file). Every shard is mmapped; a
  * tensor listed in the index but missing from its shard, or present in two files, is an error
- * naming both. config.json is not parsed here (see tmx/model.h). */
+ * naming both; so is a tensor a shard holds but the index leaves out. Without an index it opens
+ * model.safetensors, or else the directory's only *.safetensors file (several need the index).
+ * config.json is not parsed here (see tmx/model.h). */
 enum tmx_status tmx_checkpoint_open(const char *dir, struct tmx_checkpoint **out, char **err);
 void tmx_checkpoint_free(struct tmx_checkpoint *ck);
 
