@@ -25,13 +25,23 @@ struct tok_entry {
 };
 
 /* Open addressing, linear probing, power-of-two size, at most half full. */
+struct tok_bytes_slot { /* the key's place is copied in so that a probe reads one line */
+    uint32_t hash;
+    int32_t id; /* -1: empty */
+    uint32_t off, len;
+};
 struct tok_bytes_map { /* token bytes -> id (model tokens only) */
-    struct { uint32_t hash; int32_t id; } *slot; /* [mask + 1]; id -1: empty */
+    struct tok_bytes_slot *slot; /* [mask + 1] */
     uint32_t mask;
 };
 
+struct tok_pair_slot {
+    uint64_t key; /* left id << 32 | right id */
+    uint32_t rank;
+    int32_t merged; /* -1: empty */
+};
 struct tok_pair_map { /* (left id, right id) -> merge rank and merged id */
-    struct { uint64_t key; uint32_t rank; int32_t merged; } *slot; /* [mask + 1]; merged -1: empty */
+    struct tok_pair_slot *slot; /* [mask + 1] */
     uint32_t mask;
 };
 
@@ -56,21 +66,23 @@ struct tmx_tokenizer {
     int ignore_merges;          /* a word that is a whole token is taken as is */
     int32_t byte_id[256];       /* the token of each single byte */
 
-    int32_t *added;        /* [n_added] ids of added tokens, by first byte then longest first */
+    int32_t *added;         /* [added_at[256]] ids of added tokens, by first byte, longest first */
     uint32_t added_at[257]; /* added[added_at[b] .. added_at[b+1]) start with byte b */
-    int n_added;
 
     struct tok_split split[TOK_MAX_SPLITS];
     int n_split;
 };
 
-uint64_t tok_hash(const void *s, size_t n);
+/* Shared by the two files only: hidden, so that calls stay direct and inlinable. */
+#pragma GCC visibility push(hidden)
 /* Returns the id of these bytes in tok->vocab, or -1. */
 int32_t tok_vocab_find(const struct tmx_tokenizer *tok, const void *s, size_t n);
-/* Returns 0, or -1 when out of memory; *dup is set to the id already holding these bytes. */
+/* Indexes every TOK_MODEL entry. Returns 0, or -1 when out of memory; *dup is the first id whose
+ * bytes an earlier id already has, or -1. */
 int tok_vocab_build(struct tmx_tokenizer *tok, int32_t *dup);
 int tok_pair_reserve(struct tok_pair_map *m, size_t n);
 /* Keeps the first rank given for a pair (the file's earlier merge wins). */
 void tok_pair_put(struct tok_pair_map *m, int32_t a, int32_t b, uint32_t rank, int32_t merged);
+#pragma GCC visibility pop
 
 #endif

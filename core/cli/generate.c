@@ -133,7 +133,7 @@ int cmd_generate(int argc, char **argv) {
         for (int i = 0; i < mc->n_eos; i++) eos |= next == mc->eos_token_ids[i];
         if (eos) break;
         size_t len;
-        if (tmx_tokenizer_token_bytes(tok, next, &len) && len + 8 <= sizeof piece) {
+        if (tmx_tokenizer_token_bytes(tok, next, &len) && 3 * len + 12 <= sizeof piece) {
             int w = tmx_detok_push(tok, &detok, next, piece, sizeof piece);
             if (w > 0) fwrite(piece, 1, (size_t)w, stdout);
             fflush(stdout);

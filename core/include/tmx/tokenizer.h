@@ -3,7 +3,8 @@
  * Two file formats: Hugging Face tokenizer.json (model.type "BPE" with a ByteLevel
  * pre-tokenizer/decoder, optional Split pre-tokenizer regex, added/special tokens) and the
  * tiktoken rank format (`<base64 token> <rank>` per line, e.g. o200k_base.tiktoken).
- * The tokenizer owns all its memory; strings it returns stay valid until tmx_tokenizer_free. */
+ * The tokenizer owns all its memory; strings it returns stay valid until tmx_tokenizer_free.
+ * A loaded tokenizer is read-only: any number of threads may encode and decode with it. */
 #ifndef TMX_TOKENIZER_H
 #define TMX_TOKENIZER_H
 
@@ -24,8 +25,9 @@ void tmx_tokenizer_free(struct tmx_tokenizer *tok);
 int tmx_tokenizer_n_vocab(const struct tmx_tokenizer *tok);
 
 /* Encodes UTF-8 text (invalid UTF-8 is encoded byte by byte, never rejected). With
- * parse_special, added/special tokens written in the text become their ids; otherwise they are
- * encoded as ordinary text. *ids is malloc'd (caller frees). */
+ * parse_special, special tokens written in the text become their ids; otherwise they are
+ * encoded as ordinary text. Added tokens not marked special (tokenizer.json) always become their
+ * ids, as in Hugging Face tokenizers. *ids is malloc'd (caller frees). */
 enum tmx_status tmx_tokenizer_encode(const struct tmx_tokenizer *tok, const char *text, size_t len,
                                      int parse_special, int32_t **ids, size_t *n_ids, char **err);
 
@@ -48,8 +50,9 @@ struct tmx_detok {
     int n_pending;
 };
 
-/* Appends to out (capacity cap, which must be >= token length + 8) and returns bytes written,
- * or -1 for an unknown id. out is not NUL-terminated. */
+/* Appends to out (capacity cap, which must be >= 3 * token length + 12: each byte of a broken
+ * sequence may become a 3-byte U+FFFD) and returns bytes written, or -1 for an unknown id or a
+ * smaller cap. out is not NUL-terminated. flush needs cap >= 3. */
 int tmx_detok_push(const struct tmx_tokenizer *tok, struct tmx_detok *st, int32_t id, char *out,
                    size_t cap);
 int tmx_detok_flush(struct tmx_detok *st, char *out, size_t cap);
