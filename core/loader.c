@@ -294,8 +294,15 @@ static int look_in(const char *dir, size_t dir_len, const char *file, char *trie
     return 1;
 }
 
-/* The search order of tmx/loader.h: plugin_dir, TMX_PLUGIN_PATH, the executable's folder, the
- * install folder. */
+/* Looks in the folder of `path` (a file). */
+static int look_beside(const char *path, const char *file, char *tried, size_t size,
+                       char **found) {
+    const char *slash = strrchr(path, '/');
+    return slash && look_in(path, (size_t)(slash - path), file, tried, size, found);
+}
+
+/* The search order of tmx/loader.h: plugin_dir, TMX_PLUGIN_PATH, the executable's folder,
+ * libtmx's folder (for programs that embed the library), the install folder. */
 static enum tmx_status find_file(const struct tmx_plugins *ps, const char *ref, const char *file,
                                  char **found, char **err) {
     char tried[4096] = "";
@@ -310,10 +317,12 @@ static enum tmx_status find_file(const struct tmx_plugins *ps, const char *ref, 
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
         exe[n] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash && look_in(exe, (size_t)(slash - exe), file, tried, sizeof tried, found))
-            goto done;
+        if (look_beside(exe, file, tried, sizeof tried, found)) goto done;
     }
+    Dl_info self;
+    if (dladdr((void *)tmx_plugins_load, &self) && self.dli_fname && strcmp(self.dli_fname, exe) &&
+        look_beside(self.dli_fname, file, tried, sizeof tried, found))
+        goto done;
     dir = TMX_PLUGIN_INSTALL_DIR;
     if (look_in(dir, strlen(dir), file, tried, sizeof tried, found)) goto done;
     return tmx_err(err, TMX_ERR_NOT_FOUND, "plugin %s: %s not found in %s", ref, file, tried);

@@ -2,7 +2,7 @@
  *
  * A plugin `<kind>.<name>` is the file libtmx-<kind>-<name>.so, searched in: the config's
  * plugin_dir, each folder of TMX_PLUGIN_PATH (':'-separated), the folder of the running
- * executable, then the install folder. Loading runs the ABI checks of tmx/plugin.h and resolves
+ * executable, libtmx.so's folder, then the install folder. Loading runs the ABI checks of tmx/plugin.h and resolves
  * the plugin's options from the config (unknown option names are an error naming the key).
  *
  * Ownership: struct tmx_plugins owns every dlopen handle; descriptors it hands out are valid
