@@ -27,7 +27,7 @@ enum tmx_status tmx_engine_open(const char *model_dir, const char *config_path, 
     if (st == TMX_OK) st = tmx_plugins_load_configured(e->plugins, err);
     if (st == TMX_OK) st = tmx_kernels_open(e->plugins, NULL, &e->kernels, err);
     if (st == TMX_OK) st = tmx_checkpoint_open(model_dir, &e->ck, err);
-    if (st == TMX_OK) st = tmx_model_load(e->ck, &e->kernels, &e->model, err);
+    if (st == TMX_OK) st = tmx_model_load(e->ck, &e->kernels, e->plugins, &e->model, err);
     if (st == TMX_OK) {
         char path[4096];
         snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);

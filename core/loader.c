@@ -53,6 +53,11 @@ static const struct tmx_host host = {
     .opt_int = tmx_opts_int,
     .opt_float = tmx_opts_float,
     .opt_bool = tmx_opts_bool,
+    .st_open = tmx_safetensors_open,
+    .st_free = tmx_safetensors_free,
+    .st_find = tmx_safetensors_find,
+    .st_meta = tmx_safetensors_meta,
+    .st_write = tmx_safetensors_write,
 };
 
 const struct tmx_host *tmx_host_get(void) { return &host; }
@@ -82,7 +87,8 @@ static const char *missing_op(enum tmx_plugin_kind kind, const void *ops) {
     }
     case TMX_PLUGIN_CODEC: {
         const struct tmx_codec_i *t = ops;
-        NEED(quant_method); NEED(init); NEED(fini); NEED(decode);
+        NEED(quant_method); NEED(init); NEED(fini);
+        NEED(layer_load); NEED(layer_free); NEED(moe_experts); NEED(expert_decode);
         break;
     }
     case TMX_PLUGIN_DRAFTER: {

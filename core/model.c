@@ -4,6 +4,7 @@
  * A sequence owns the KV cache and the scratch buffers of one step; tmx_seq_forward runs the
  * graph over a chunk of tokens and reads back logits. Plugins add speed behind the ops and never
  * control flow: everything the step does is in forward_step below, top to bottom. */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +21,7 @@ struct layer {
     struct tmx_tensor router, router_bias, bridge_in, bridge_out, post_norm;
     struct tmx_tensor *experts;                   /* [3][n_routed_experts]: gate, up, down */
     struct tmx_moe_weights moe;
-    float *bias_f32;                              /* host copy when the file's bias is not F32 */
+    void *codec_layer;                            /* the codec's handle when a codec has them */
 };
 
 struct tmx_model {
@@ -31,7 +32,51 @@ struct tmx_model {
     float *inv_freq_full, *inv_freq_local;        /* device, [head_dim/2] */
     struct tmx_tensor **imported;                 /* every tensor to weight_free */
     int n_imported, cap_imported;
+    void **owned;                                 /* host arrays converted at load time */
+    int n_owned, cap_owned;
+    const struct tmx_plugin *codec;               /* routed experts' codec, or NULL */
+    const struct tmx_codec_i *codec_ops;
+    void *codec_ctx;
 };
+
+/* Keeps a host array the model converted (it must outlive the imported weight). */
+static void *own(struct tmx_model *m, size_t nbytes) {
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? 2 * m->cap_owned : 64;
+        void **p = realloc(m->owned, (size_t)cap * sizeof *p);
+        if (!p) return NULL;
+        m->owned = p;
+        m->cap_owned = cap;
+    }
+    void *a = malloc(nbytes);
+    if (a) m->owned[m->n_owned++] = a;
+    return a;
+}
+
+/* MXFP8 -> BF16: value = E4M3(q) * 2^(scale - 127), exact in BF16 for every weight a model
+ * holds (E4M3 has 3 mantissa bits; BF16 7). *out is a host tensor owned by the model. */
+static enum tmx_status expand_mxfp8(struct tmx_model *m, const struct tmx_checkpoint *ck,
+                                    const char *name, const struct tmx_tensor *q,
+                                    struct tmx_tensor *out, char **err) {
+    char sname[256];
+    struct tmx_tensor sc;
+    snprintf(sname, sizeof sname, "%s_scale", name);
+    const int64_t rows = q->shape[0], cols = q->ndim == 2 ? q->shape[1] : 1;
+    if (tmx_checkpoint_find(ck, sname, &sc) != 0 || sc.dtype != TMX_DTYPE_U8 || sc.ndim != 2 ||
+        cols % 32 || sc.shape[0] != rows || sc.shape[1] != cols / 32)
+        return tmx_err(err, TMX_ERR_INVALID,
+                       "%s: F8_E4M3 tensor %s needs %s, U8 [%lld][%lld] (one UE8M0 scale per 32)",
+                       tmx_checkpoint_dir(ck), name, sname, (long long)rows, (long long)(cols / 32));
+    uint16_t *dst = own(m, (size_t)(rows * cols) * 2);
+    if (!dst) return tmx_err(err, TMX_ERR_NOMEM, "out of memory expanding %s", name);
+    const uint8_t *qb = q->data, *sb = sc.data;
+    for (int64_t i = 0; i < rows * cols; i++) {
+        const int e = (int)sb[i / 32] - 127; /* rows * cols / 32 scales in row-major order */
+        dst[i] = tmx_f32_to_bf16(ldexpf(tmx_e4m3_to_f32(qb[i]), e));
+    }
+    *out = (struct tmx_tensor){TMX_DTYPE_BF16, q->ndim, {q->shape[0], q->shape[1]}, dst};
+    return TMX_OK;
+}
 
 /* Binds `name` to *dev: looks it up, checks dtype and shape, imports it. A missing optional
  * tensor leaves dev->data NULL. Shape dims < 0 end the list. */
@@ -51,10 +96,14 @@ static enum tmx_status bind(struct tmx_model *m, const struct tmx_checkpoint *ck
                        tmx_checkpoint_dir(ck), name, (long long)host.shape[0],
                        host.ndim > 1 ? ", " : "", host.ndim > 1 ? (long long)host.shape[1] : 0LL,
                        (long long)d0, ndim > 1 ? ", " : "", ndim > 1 ? (long long)d1 : 0LL);
+    if (host.dtype == TMX_DTYPE_F8_E4M3) {
+        enum tmx_status st = expand_mxfp8(m, ck, name, &host, &host, err);
+        if (st != TMX_OK) return st;
+    }
     if (host.dtype != TMX_DTYPE_F32 && host.dtype != TMX_DTYPE_BF16 &&
         host.dtype != TMX_DTYPE_F16)
         return tmx_err(err, TMX_ERR_UNSUPPORTED, "%s: tensor %s is %s; dense weights must be "
-                       "F32, BF16 or F16", tmx_checkpoint_dir(ck), name,
+                       "F32, BF16, F16 or MXFP8", tmx_checkpoint_dir(ck), name,
                        tmx_dtype_name(host.dtype));
     if (m->n_imported == m->cap_imported) {
         int cap = m->cap_imported ? 2 * m->cap_imported : 256;
@@ -84,13 +133,12 @@ static enum tmx_status bind_bias(struct tmx_model *m, const struct tmx_checkpoin
         (host.dtype != TMX_DTYPE_BF16 && host.dtype != TMX_DTYPE_F16))
         return tmx_err(err, TMX_ERR_INVALID, "%s: tensor %s must be [%d] F32, BF16 or F16",
                        tmx_checkpoint_dir(ck), n, m->cfg.n_routed_experts);
-    ly->bias_f32 = malloc((size_t)host.shape[0] * sizeof(float));
-    if (!ly->bias_f32) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    float *bias = own(m, (size_t)host.shape[0] * sizeof(float));
+    if (!bias) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     const uint16_t *src = host.data;
     for (int64_t i = 0; i < host.shape[0]; i++)
-        ly->bias_f32[i] = host.dtype == TMX_DTYPE_BF16 ? tmx_bf16_to_f32(src[i])
-                                                       : tmx_f16_to_f32(src[i]);
-    struct tmx_tensor f32 = {TMX_DTYPE_F32, 1, {host.shape[0]}, ly->bias_f32};
+        bias[i] = host.dtype == TMX_DTYPE_BF16 ? tmx_bf16_to_f32(src[i]) : tmx_f16_to_f32(src[i]);
+    struct tmx_tensor f32 = {TMX_DTYPE_F32, 1, {host.shape[0]}, bias};
     enum tmx_status st = m->k->ops->weight_import(m->k->ctx, &f32, &ly->router_bias, err);
     if (st == TMX_OK) m->imported[m->n_imported++] = &ly->router_bias;
     return st;
@@ -138,6 +186,11 @@ static enum tmx_status bind_layer(struct tmx_model *m, const struct tmx_checkpoi
     }
 #undef B
     if ((st = bind_bias(m, ck, ly, l, err))) return st;
+    if (m->codec) {
+        const struct tmx_codec_layer_info info = {tmx_checkpoint_dir(ck), l, (int)E, (int)lat,
+                                                  (int)f};
+        return m->codec_ops->layer_load(m->codec_ctx, &info, &ly->codec_layer, err);
+    }
     ly->experts = calloc((size_t)(3 * E), sizeof *ly->experts);
     if (!ly->experts) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
@@ -190,12 +243,52 @@ static enum tmx_status upload_freqs(struct tmx_model *m, double theta, float **d
                         m->k->plugin->name) : TMX_OK;
 }
 
+/* hf_quant_config.json names the codec of the routed experts: load and start it. No file: the
+ * experts are dense tensors. */
+static enum tmx_status open_codec(struct tmx_model *m, const char *dir, struct tmx_plugins *ps,
+                                  char **err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return TMX_OK;
+    json_error_t jerr;
+    json_t *q = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
+    fclose(f);
+    if (!q) return tmx_err(err, TMX_ERR_INVALID, "%s:%d:%d: %s", path, jerr.line, jerr.column,
+                           jerr.text);
+    const char *method = json_string_value(json_object_get(q, "quant_method"));
+    const char *name = json_string_value(json_object_get(q, "codec"));
+    enum tmx_status st = TMX_OK;
+    if (!method || !name)
+        st = tmx_err(err, TMX_ERR_INVALID, "%s: fields \"quant_method\" and \"codec\" must be "
+                     "strings", path);
+    if (st == TMX_OK) st = tmx_plugins_load(ps, TMX_PLUGIN_CODEC, name, &m->codec, err);
+    if (st == TMX_OK) {
+        m->codec_ops = m->codec->ops;
+        if (strcmp(m->codec_ops->quant_method, method) != 0)
+            st = tmx_err(err, TMX_ERR_INVALID, "%s: quant_method \"%s\", but codec.%s reads "
+                         "\"%s\"", path, method, name, m->codec_ops->quant_method);
+        else if (!(m->k->plugin->caps & TMX_CAP_HOST_MEMORY))
+            st = tmx_err(err, TMX_ERR_UNSUPPORTED, "codec.%s runs on host memory and has no "
+                         "kernels for kernel set %s", name, m->k->plugin->name);
+    }
+    if (st == TMX_OK) {
+        st = m->codec_ops->init(tmx_host_get(), tmx_plugins_opts(ps, m->codec), &m->codec_ctx,
+                                err);
+        if (st != TMX_OK) m->codec_ops->fini(m->codec_ctx); /* safe after a failed init */
+    }
+    if (st != TMX_OK) m->codec = NULL;
+    json_decref(q);
+    return st;
+}
+
 enum tmx_status tmx_model_load(const struct tmx_checkpoint *ck, const struct tmx_kernels *k,
-                               struct tmx_model **out, char **err) {
+                               struct tmx_plugins *ps, struct tmx_model **out, char **err) {
     struct tmx_model *m = calloc(1, sizeof *m);
     if (!m) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     m->k = k;
     enum tmx_status st = tmx_model_config_load(tmx_checkpoint_dir(ck), &m->cfg, err);
+    if (st == TMX_OK) st = open_codec(m, tmx_checkpoint_dir(ck), ps, err);
     const struct tmx_model_config *c = &m->cfg;
     if (st == TMX_OK) {
         m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
@@ -226,8 +319,12 @@ void tmx_model_free(struct tmx_model *m) {
     if (m->inv_freq_local) ops->buf_free(m->k->ctx, m->inv_freq_local);
     for (int l = 0; m->layers && l < m->cfg.n_layers; l++) {
         free(m->layers[l].experts);
-        free(m->layers[l].bias_f32);
+        if (m->layers[l].codec_layer)
+            m->codec_ops->layer_free(m->codec_ctx, m->layers[l].codec_layer);
     }
+    if (m->codec) m->codec_ops->fini(m->codec_ctx);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
     free(m->layers);
     free(m->imported);
     free(m);
@@ -349,7 +446,7 @@ static const struct tmx_tensor *opt(const struct tmx_tensor *t) { return t->data
 
 /* One step over n <= n_batch tokens already in s->tok / s->pos. Leaves the final hidden states
  * (before the final norm) in s->h. */
-static void forward_step(struct tmx_seq *s, int n) {
+static enum tmx_status forward_step(struct tmx_seq *s, int n, char **err) {
     const struct tmx_model *m = s->m;
     const struct tmx_model_config *c = &m->cfg;
     const struct tmx_kernels_i *op = m->k->ops;
@@ -392,7 +489,16 @@ static void forward_step(struct tmx_seq *s, int n) {
                           c->n_routed_experts, c->n_experts_per_tok, c->router_score,
                           c->norm_topk_prob, (float)c->routed_scaling_factor);
             op->matmul(kc, s->z, s->x, &ly->bridge_in, n);
-            op->moe_experts(kc, s->y, s->z, s->rid, s->rw, n, c->n_experts_per_tok, &ly->moe);
+            if (!ly->codec_layer) {
+                op->moe_experts(kc, s->y, s->z, s->rid, s->rw, n, c->n_experts_per_tok, &ly->moe);
+            } else { /* the codec's host path reads the buffers: finish the queued ops first */
+                enum tmx_status st = op->sync(kc);
+                if (st == TMX_OK)
+                    st = m->codec_ops->moe_experts(m->codec_ctx, ly->codec_layer, s->y, s->z,
+                                                   s->rid, s->rw, n, c->n_experts_per_tok,
+                                                   opt(&ly->post_norm), eps, err);
+                if (st != TMX_OK) return st;
+            }
             op->matmul(kc, s->o, s->y, &ly->bridge_out, n);
             if (ly->gate.data) { /* shared expert on the hidden state */
                 const int64_t f = ly->gate.shape[0];
@@ -405,6 +511,7 @@ static void forward_step(struct tmx_seq *s, int n) {
         }
         op->add_gated(kc, s->h, s->o, opt(&ly->mlp_gate), n, D);
     }
+    return TMX_OK;
 }
 
 enum tmx_status tmx_seq_forward(struct tmx_seq *s, const int32_t *tokens, int n, float *logits,
@@ -430,7 +537,7 @@ enum tmx_status tmx_seq_forward(struct tmx_seq *s, const int32_t *tokens, int n,
         enum tmx_status st = op->buf_write(kc, s->tok, tokens + done, (size_t)chunk * 4);
         if (st == TMX_OK) st = op->buf_write(kc, s->pos, s->pos_host, (size_t)chunk * 4);
         if (st != TMX_OK) return tmx_err(err, st, "kernel set: cannot upload tokens");
-        forward_step(s, chunk);
+        if ((st = forward_step(s, chunk, err)) != TMX_OK) return st;
         /* logits: every row, or only the sequence's last one */
         const int last = done + chunk == n;
         const int rows = all_rows ? chunk : last ? 1 : 0;

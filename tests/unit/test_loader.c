@@ -470,33 +470,79 @@ static void test_codec_int8(void **state) {
     void *ctx = NULL;
     assert_int_equal(ops->init(tmx_host_get(), tmx_plugins_opts(f.ps, p), &ctx, NULL), TMX_OK);
 
-    enum { ROWS = 9, COLS = 37 };
-    float w[ROWS][COLS], back[ROWS][COLS];
+    /* a layer of 3 experts, latent 8, inter 12; expert 1's gate has an all-zero row */
+    enum { E = 3, LAT = 8, INTER = 12 };
+    static float gate[E][INTER][LAT], up[E][INTER][LAT], down[E][LAT][INTER];
     uint32_t seed = 7;
-    for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < COLS; c++) w[r][c] = r == 4 ? 0.0f : next_uniform(&seed) * (float)(r + 1);
-    struct tmx_tensor packed;
-    assert_int_equal(ops->encode(ctx, &w[0][0], ROWS, COLS, &packed, NULL), TMX_OK);
-    assert_int_equal(packed.dtype, TMX_DTYPE_U8);
-    assert_int_equal(packed.shape[0], ROWS);
-    assert_int_equal(packed.shape[1], COLS + 4);
-    assert_int_equal(ops->decode(ctx, &packed, ROWS, COLS, &back[0][0], NULL), TMX_OK);
-    for (int r = 0; r < ROWS; r++) {
+    for (int e = 0; e < E; e++)
+        for (int i = 0; i < INTER * LAT; i++) {
+            gate[e][i / LAT][i % LAT] = e == 1 && i / LAT == 4 ? 0.0f : next_uniform(&seed);
+            up[e][i / LAT][i % LAT] = next_uniform(&seed);
+            down[e][i / INTER][i % INTER] = next_uniform(&seed) * (float)(e + 1);
+        }
+    const float *g[E], *u[E], *d[E];
+    for (int e = 0; e < E; e++) g[e] = &gate[e][0][0], u[e] = &up[e][0][0], d[e] = &down[e][0][0];
+    char dir[] = "/tmp/tmx-int8-XXXXXX", sub[64], path[96];
+    assert_non_null(mkdtemp(dir));
+    snprintf(sub, sizeof sub, "%s/int8", dir);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    double proxy[E * 3];
+    struct tmx_codec_encode_job job = {.out_dir = dir, .layer = 2, .n_experts = E, .latent = LAT,
+                                       .inter = INTER, .gate = g, .up = u, .down = d, .bits = 8,
+                                       .n_threads = 1, .proxy_err = proxy};
+    assert_int_equal(ops->layer_encode(ctx, &job, NULL), TMX_OK);
+    for (int i = 0; i < E * 3; i++) assert_true(proxy[i] > 0.0 && proxy[i] < 1e-3);
+
+    void *layer = NULL;
+    struct tmx_codec_layer_info info = {dir, 2, E, LAT, INTER};
+    assert_int_equal(ops->layer_load(ctx, &info, &layer, NULL), TMX_OK);
+    float back[INTER * LAT];
+    assert_int_equal(ops->expert_decode(ctx, layer, 1, 0, back, NULL), TMX_OK);
+    for (int r = 0; r < INTER; r++) {
         float absmax = 0.0f;
-        for (int c = 0; c < COLS; c++) absmax = fmaxf(absmax, fabsf(w[r][c]));
-        const float step = absmax / 127.0f;
-        for (int c = 0; c < COLS; c++)
-            assert_true(fabsf(back[r][c] - w[r][c]) <= step * 0.5f * 1.0001f);
-        if (r == 4)
-            for (int c = 0; c < COLS; c++) assert_true(back[r][c] == 0.0f);
+        for (int c = 0; c < LAT; c++) absmax = fmaxf(absmax, fabsf(gate[1][r][c]));
+        for (int c = 0; c < LAT; c++)
+            assert_true(fabsf(back[r * LAT + c] - gate[1][r][c]) <= absmax / 127.0f * 0.5001f);
     }
-    char *err = NULL;
-    assert_int_equal(ops->decode(ctx, &packed, ROWS, COLS + 1, &back[0][0], &err),
-                     TMX_ERR_INVALID);
-    assert_message(err, "codec int8", NULL);
+    for (int c = 0; c < LAT; c++) assert_true(back[4 * LAT + c] == 0.0f);
+
+    /* one token routed to experts 2 and 0: the expert block against the decoded weights */
+    float z[LAT], out[LAT], want[LAT] = {0}, wg[INTER * LAT], wu[INTER * LAT], wd[LAT * INTER];
+    for (int i = 0; i < LAT; i++) z[i] = next_uniform(&seed);
+    const int32_t ids[2] = {2, 0};
+    const float rw[2] = {0.7f, 0.3f};
+    for (int j = 0; j < 2; j++) {
+        ops->expert_decode(ctx, layer, ids[j], 0, wg, NULL);
+        ops->expert_decode(ctx, layer, ids[j], 1, wu, NULL);
+        ops->expert_decode(ctx, layer, ids[j], 2, wd, NULL);
+        double h[INTER], y[LAT], ss = 0.0;
+        for (int r = 0; r < INTER; r++) {
+            double a = 0.0, b = 0.0;
+            for (int c = 0; c < LAT; c++) a += wg[r * LAT + c] * z[c], b += wu[r * LAT + c] * z[c];
+            h[r] = a / (1.0 + exp(-a)) * b;
+        }
+        for (int r = 0; r < LAT; r++) {
+            y[r] = 0.0;
+            for (int c = 0; c < INTER; c++) y[r] += wd[r * INTER + c] * h[c];
+            ss += y[r] * y[r];
+        }
+        for (int r = 0; r < LAT; r++) want[r] += (float)(rw[j] * y[r] / sqrt(ss / LAT + 1e-6));
+    }
+    assert_int_equal(ops->moe_experts(ctx, layer, out, z, ids, rw, 1, 2, NULL, 1e-6f, NULL),
+                     TMX_OK);
+    for (int r = 0; r < LAT; r++) assert_true(fabsf(out[r] - want[r]) <= 1e-4f);
+    ops->layer_free(ctx, layer);
+
+    char *err = NULL; /* a layer whose file is missing */
+    info.layer = 3;
+    assert_int_equal(ops->layer_load(ctx, &info, &layer, &err), TMX_ERR_NOT_FOUND);
+    assert_message(err, "layer-003.safetensors", NULL);
     free(err);
-    free(packed.data);
     ops->fini(ctx);
+    snprintf(path, sizeof path, "%s/layer-002.safetensors", sub);
+    remove(path);
+    rmdir(sub);
+    rmdir(dir);
     fx_close(&f);
 }
 

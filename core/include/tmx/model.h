@@ -1,7 +1,8 @@
 /* tmx/model.h: the model graph (docs/model.md) on a kernel set, and sequences that run it.
  *
- * Ownership: a tmx_model borrows the checkpoint and the kernel set given to tmx_model_load
- * (both must outlive it) and owns the weights it imported into the kernel set. A tmx_seq owns its
+ * Ownership: a tmx_model borrows the checkpoint, the kernel set and the plugin registry given
+ * to tmx_model_load (all must outlive it); it owns the weights it imported into the kernel set
+ * and the codec instance it opened. A tmx_seq owns its
  * KV cache and scratch buffers and borrows its model. */
 #ifndef TMX_MODEL_H
 #define TMX_MODEL_H
@@ -51,9 +52,11 @@ enum tmx_status tmx_model_config_load(const char *dir, struct tmx_model_config *
 struct tmx_model;
 
 /* Binds every tensor docs/model.md lists (a missing or mis-shaped tensor is an error naming it)
- * and imports the weights into the kernel set. */
+ * and imports the weights into the kernel set. MXFP8 weights (F8_E4M3 with a U8 UE8M0
+ * "<name>_scale" per 32 inputs) are expanded exactly to BF16. When the checkpoint has an
+ * hf_quant_config.json naming a "codec", the routed experts go to plugin codec.<codec>. */
 enum tmx_status tmx_model_load(const struct tmx_checkpoint *ck, const struct tmx_kernels *k,
-                               struct tmx_model **out, char **err);
+                               struct tmx_plugins *ps, struct tmx_model **out, char **err);
 void tmx_model_free(struct tmx_model *m);
 const struct tmx_model_config *tmx_model_cfg(const struct tmx_model *m);
 

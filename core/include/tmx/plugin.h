@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "tmx/kernels.h"
+#include "tmx/safetensors.h"
 #include "tmx/status.h"
 #include "tmx/tensor.h"
 
@@ -85,11 +86,21 @@ struct tmx_host {
     int64_t (*opt_int)(const struct tmx_opts *opts, const char *name);
     double (*opt_float)(const struct tmx_opts *opts, const char *name);
     int (*opt_bool)(const struct tmx_opts *opts, const char *name);
+    /* Safetensors files (tmx/safetensors.h), for plugins that read or write their own. */
+    enum tmx_status (*st_open)(const char *path, struct tmx_safetensors **out, char **err);
+    void (*st_free)(struct tmx_safetensors *st);
+    int (*st_find)(const struct tmx_safetensors *st, const char *name, struct tmx_tensor *t);
+    const char *(*st_meta)(const struct tmx_safetensors *st, const char *key);
+    enum tmx_status (*st_write)(const char *path, int n, const char *const *names,
+                                const struct tmx_tensor *tensors, const char *const *meta_kv,
+                                char **err);
 };
 
 /* --- the descriptor ------------------------------------------------------------------------ */
 
 #define TMX_CAP_EXPERIMENTAL (1ull << 0) /* chosen only when named explicitly */
+#define TMX_CAP_HOST_MEMORY (1ull << 1)  /* kernels: buffers are plain host memory, so a
+                                            codec's host path can run on them */
 
 struct tmx_plugin {
     uint16_t abi_major;   /* TMX_ABI_MAJOR at build time */
@@ -106,21 +117,61 @@ struct tmx_plugin {
 typedef const struct tmx_plugin *(*tmx_plugin_entry_fn)(const struct tmx_host *host, char **err);
 
 /* --- kind: codec ---------------------------------------------------------------------------
- * Packed weights. ABI 1.0 holds the part every codec has: a reference decode to F32 and an
- * optional encoder. The fused expert matmul on a kernel set is appended by the codec issue. */
+ * Packed routed experts. A checkpoint names its codec in hf_quant_config.json ("codec":
+ * "<name>" -> plugin codec.<name>); the core then hands each MoE layer's experts to the codec
+ * instead of binding expert tensors itself. A codec reads its own files (through the host's
+ * safetensors functions) and runs the experts of a layer on host memory; device paths for a
+ * kernel set are appended by the issue that brings them. */
+
+/* One MoE layer as config.json describes it. */
+struct tmx_codec_layer_info {
+    const char *model_dir; /* the checkpoint folder */
+    int layer;             /* layer id */
+    int n_experts;         /* n_routed_experts */
+    int latent, inter;     /* moe_latent_size, moe_intermediate_size */
+};
+
+/* What tmx quantize hands a codec to encode one layer. Weights are F32 host arrays in the
+ * checkpoint's [out][in] layout; Hessians are F64 [in][in] sums of x x^T over calibration inputs
+ * (an entry may be NULL: no inputs, use the identity); n_tokens counts those inputs. */
+struct tmx_codec_encode_job {
+    const char *out_dir;              /* the build folder: the codec writes its files under it */
+    int layer, n_experts, latent, inter;
+    const float *const *gate, *const *up; /* [n_experts] of [inter][latent] */
+    const float *const *down;             /* [n_experts] of [latent][inter] */
+    const double *const *h_in;            /* [n_experts] of [latent][latent]: gate and up */
+    const double *const *h_mid;           /* [n_experts] of [inter][inter]: down */
+    const int64_t *n_tokens;              /* [n_experts] */
+    int bits;                             /* K */
+    int n_threads;
+    /* called from the encoding threads, serialized by the codec; may be NULL */
+    void (*progress)(void *arg, int64_t tiles_done, int64_t tiles_total);
+    void *progress_arg;
+    double *proxy_err;                    /* out, [n_experts][3]: per-matrix proxy error */
+};
+
 struct tmx_codec_i {
     uint32_t struct_size;
-    const char *quant_method; /* the hf_quant_config.json "quant_method" this codec reads */
+    const char *quant_method; /* the hf_quant_config.json "quant_method" it reads, e.g. "trellismx" */
     enum tmx_status (*init)(const struct tmx_host *host, const struct tmx_opts *opts, void **ctx,
                             char **err);
     void (*fini)(void *ctx);
-    /* Decodes a packed [rows][cols] matrix to F32 (host memory, caller-owned `out`). */
-    enum tmx_status (*decode)(void *ctx, const struct tmx_tensor *packed, int64_t rows,
-                              int64_t cols, float *out, char **err);
-    /* (optional; NULL: the codec cannot encode) Encodes F32 [rows][cols] into `packed`, whose
-     * data the codec allocates with malloc and the caller frees. */
-    enum tmx_status (*encode)(void *ctx, const float *w, int64_t rows, int64_t cols,
-                              struct tmx_tensor *packed, char **err);
+    /* Opens the experts of one layer; the layer keeps what it mmapped until layer_free. */
+    enum tmx_status (*layer_load)(void *ctx, const struct tmx_codec_layer_info *info,
+                                  void **layer, char **err);
+    void (*layer_free)(void *ctx, void *layer);
+    /* The contract of tmx_kernels_i.moe_experts (post_norm [latent] F32/BF16/F16 or NULL), on
+     * host memory. */
+    enum tmx_status (*moe_experts)(void *ctx, void *layer, float *out, const float *z,
+                                   const int32_t *ids, const float *weights, int n, int k,
+                                   const struct tmx_tensor *post_norm, float eps, char **err);
+    /* The F32 matrix one expert's projection (0 gate, 1 up, 2 down) stands for, reconstructed:
+     * w[inter][latent] for gate and up, w[latent][inter] for down (caller-owned). */
+    enum tmx_status (*expert_decode)(void *ctx, void *layer, int expert, int proj, float *w,
+                                     char **err);
+    /* (optional; NULL: the codec cannot encode) Encodes one layer and writes its files. */
+    enum tmx_status (*layer_encode)(void *ctx, const struct tmx_codec_encode_job *job,
+                                    char **err);
 };
 
 /* --- kind: drafter ---------------------------------------------------------------------------

@@ -34,6 +34,13 @@ int tmx_safetensors_find(const struct tmx_safetensors *st, const char *name, str
 /* "__metadata__" value for key, or NULL. */
 const char *tmx_safetensors_meta(const struct tmx_safetensors *st, const char *key);
 
+/* Writes a safetensors file: n tensors (host data) named names[i], in that order, each aligned
+ * to 8 bytes; meta_kv is NULL or a NULL-terminated list of key, value, key, value, ... strings
+ * for "__metadata__". Writes to path + ".tmp" and renames, so a reader never sees half a file. */
+enum tmx_status tmx_safetensors_write(const char *path, int n, const char *const *names,
+                                      const struct tmx_tensor *tensors, const char *const *meta_kv,
+                                      char **err);
+
 /* --- checkpoint directories ---------------------------------------------------------------- */
 
 struct tmx_checkpoint;
