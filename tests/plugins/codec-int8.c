@@ -116,10 +116,10 @@ static enum tmx_status int8_moe_experts(void *ctx, void *layer, float *out, cons
             matvec(l, e, 1, x, u);
             for (int i = 0; i < l->inter; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
             matvec(l, e, 2, g, y);
-            double ss = 0.0; /* post-expert RMSNorm, then the routing weight */
+            double ss = 0.0; /* post-expert RMSNorm (if the layer has one), then the weight */
             for (int i = 0; i < l->latent; i++) ss += (double)y[i] * y[i];
-            const float r = weights[t * k + j] / sqrtf((float)(ss / l->latent) + eps);
             const float *w = post_norm ? post_norm->data : NULL;
+            const float r = weights[t * k + j] / (w ? sqrtf((float)(ss / l->latent) + eps) : 1.0f);
             for (int i = 0; i < l->latent; i++) o[i] += r * y[i] * (w ? w[i] : 1.0f);
         }
     }

@@ -526,9 +526,13 @@ static void test_codec_int8(void **state) {
             for (int c = 0; c < INTER; c++) y[r] += wd[r * INTER + c] * h[c];
             ss += y[r] * y[r];
         }
-        for (int r = 0; r < LAT; r++) want[r] += (float)(rw[j] * y[r] / sqrt(ss / LAT + 1e-6));
+        for (int r = 0; r < LAT; r++)
+            want[r] += (float)(rw[j] * y[r] / sqrt(ss / LAT + 1e-6) * (0.5 + r / 16.0));
     }
-    assert_int_equal(ops->moe_experts(ctx, layer, out, z, ids, rw, 1, 2, NULL, 1e-6f, NULL),
+    float pn[LAT];
+    for (int r = 0; r < LAT; r++) pn[r] = 0.5f + (float)r / 16.0f;
+    const struct tmx_tensor post_norm = {TMX_DTYPE_F32, 1, {LAT}, pn};
+    assert_int_equal(ops->moe_experts(ctx, layer, out, z, ids, rw, 1, 2, &post_norm, 1e-6f, NULL),
                      TMX_OK);
     for (int r = 0; r < LAT; r++) assert_true(fabsf(out[r] - want[r]) <= 1e-4f);
     ops->layer_free(ctx, layer);
