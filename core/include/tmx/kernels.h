@@ -40,7 +40,7 @@ struct tmx_moe_weights {
     const struct tmx_tensor *gate;     /* [n_experts] of [inter][latent] */
     const struct tmx_tensor *up;       /* [n_experts] of [inter][latent] */
     const struct tmx_tensor *down;     /* [n_experts] of [latent][inter] */
-    const struct tmx_tensor *post_norm; /* [latent] RMSNorm weight applied to each y_e, or NULL */
+    const struct tmx_tensor *post_norm; /* [latent] RMSNorm weight of each y_e; NULL: no norm */
     float eps;
 };
 
@@ -99,7 +99,7 @@ struct tmx_kernels_i {
                      const float *v, const int32_t *pos, int n, int hkv, int hd);
 
     /* out[n][hq][hd]: causal GQA attention of q[n][hq][hd] (query head h reads KV head
-     * h / (hq / hkv)) over the cached positions j with max(0, p - window) < j <= p, p = pos[t]
+     * h / (hq / hkv)) over the cached positions j with max(0, p - window + 1) <= j <= p, p = pos[t]
      * (window 0: all j <= p), softmax(q.k * scale). The caller guarantees slots j % cap hold
      * position j for every such j. */
     void (*attention)(void *ctx, float *out, const float *q, const float *k_cache,

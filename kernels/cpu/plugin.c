@@ -1,0 +1,237 @@
+/* plugin.c: the CPU kernel set, kernels.cpu (libtmx-kernels-cpu.so).
+ *
+ * C with 8-wide vectors and a thread pool: the reference every other kernel set is checked against.
+ * Buffers are host memory, weights are the host tensors themselves (no copy), and every op
+ * runs eagerly when called, so there is nothing to queue and no graph to record: the graph_*
+ * members stay NULL. Ops spread their work over the pool in tasks whose results do not depend
+ * on the thread count (see pool.h). This file holds the context, memory, the ops table and the
+ * entry point; the ops live in matmul.c, rows.c, attention.c and moe.c. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "cpu.h"
+
+/* --- context helpers ------------------------------------------------------------------------ */
+
+void cpu_fail(struct cpu_ctx *c, enum tmx_status st, const char *fmt, ...) {
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (c->host->log) c->host->log(TMX_LOG_ERROR, "kernels.cpu: %s", msg);
+    if (c->status == TMX_OK) c->status = st;
+}
+
+void *cpu_scratch(struct cpu_ctx *c, size_t nbytes, const char *op) {
+    if (nbytes <= c->scratch_size) return c->scratch;
+    size_t size = (nbytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, size);
+    if (!p) {
+        cpu_fail(c, TMX_ERR_NOMEM, "%s: cannot allocate %zu bytes of scratch", op, size);
+        return NULL;
+    }
+    free(c->scratch);
+    c->scratch = p;
+    c->scratch_size = size;
+    return p;
+}
+
+const char *cpu_dtype_name(enum tmx_dtype dt) {
+    static const char *const names[TMX_DTYPE_COUNT] = {
+        [TMX_DTYPE_F32] = "F32", [TMX_DTYPE_BF16] = "BF16", [TMX_DTYPE_F16] = "F16",
+        [TMX_DTYPE_F8_E4M3] = "F8_E4M3", [TMX_DTYPE_U8] = "U8", [TMX_DTYPE_I32] = "I32",
+    };
+    return (unsigned)dt < TMX_DTYPE_COUNT ? names[dt] : "?";
+}
+
+int cpu_check_weight(struct cpu_ctx *c, const char *op, const char *what,
+                     const struct tmx_tensor *w, int ndim, int64_t rows, int64_t cols) {
+    if (!w || !w->data) {
+        cpu_fail(c, TMX_ERR_INVALID, "%s: %s is missing", op, what);
+        return 0;
+    }
+    if (!cpu_dtype_ok(w->dtype)) {
+        cpu_fail(c, TMX_ERR_UNSUPPORTED, "%s: %s dtype %s not supported (F32, BF16 or F16)", op,
+                 what, cpu_dtype_name(w->dtype));
+        return 0;
+    }
+    if (w->ndim != ndim) {
+        cpu_fail(c, TMX_ERR_INVALID, "%s: %s is %d-D, want %d-D", op, what, w->ndim, ndim);
+        return 0;
+    }
+    if (w->shape[0] <= 0 || (ndim == 2 && w->shape[1] <= 0)) {
+        cpu_fail(c, TMX_ERR_INVALID, "%s: %s has an empty dimension", op, what);
+        return 0;
+    }
+    if (ndim == 1 && rows > 0 && w->shape[0] != rows) {
+        cpu_fail(c, TMX_ERR_INVALID, "%s: %s has %lld elements, want %lld", op, what,
+                 (long long)w->shape[0], (long long)rows);
+        return 0;
+    }
+    if (ndim == 2 && ((rows > 0 && w->shape[0] != rows) || (cols > 0 && w->shape[1] != cols))) {
+        cpu_fail(c, TMX_ERR_INVALID, "%s: %s has shape [%lld][%lld], want [%lld][%lld]", op, what,
+                 (long long)w->shape[0], (long long)w->shape[1], (long long)rows, (long long)cols);
+        return 0;
+    }
+    return 1;
+}
+
+void cpu_to_f32(float *dst, const void *src, enum tmx_dtype dt, int64_t off, int64_t count) {
+    switch (dt) {
+    case TMX_DTYPE_BF16: {
+        const uint16_t *s = (const uint16_t *)src + off;
+        for (int64_t i = 0; i < count; i++) dst[i] = tmx_bf16_to_f32(s[i]);
+        break;
+    }
+    case TMX_DTYPE_F16: {
+        const uint16_t *s = (const uint16_t *)src + off;
+        int64_t i = 0;
+        for (; i + 8 <= count; i += 8) v8_store(dst + i, v8_load_f16(s + i));
+        for (; i < count; i++) dst[i] = tmx_f16_to_f32(s[i]);
+        break;
+    }
+    default: memcpy(dst, (const float *)src + off, (size_t)count * sizeof *dst); break;
+    }
+}
+
+/* --- lifecycle ------------------------------------------------------------------------------ */
+
+static void cpu_fini(void *ctx) {
+    struct cpu_ctx *c = ctx;
+    if (!c) return;
+    cpu_pool_free(c->pool);
+    free(c->scratch);
+    free(c);
+}
+
+static enum tmx_status cpu_init(const struct tmx_host *host, const struct tmx_opts *opts,
+                                void **ctx, char **err) {
+    *ctx = NULL;
+    int64_t threads = host->opt_int ? host->opt_int(opts, "threads") : 0;
+    if (threads < 0 || threads > 1024)
+        return host->err(err, TMX_ERR_INVALID,
+                         "kernels.cpu.threads = %lld: want 0 (one per online CPU) to 1024",
+                         (long long)threads);
+    if (threads == 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = online > 0 ? online : 1;
+    }
+    struct cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c) return host->err(err, TMX_ERR_NOMEM, "kernels.cpu: out of memory");
+    c->host = host;
+    if (cpu_pool_new((int)threads, &c->pool) != TMX_OK) {
+        cpu_fini(c);
+        return host->err(err, TMX_ERR_NOMEM, "kernels.cpu: cannot start %lld threads",
+                         (long long)threads);
+    }
+    if (host->log) host->log(TMX_LOG_DEBUG, "kernels.cpu: %lld threads", (long long)threads);
+    *ctx = c;
+    return TMX_OK;
+}
+
+/* --- memory --------------------------------------------------------------------------------- */
+
+static enum tmx_status cpu_buf_alloc(void *ctx, size_t nbytes, void **buf) {
+    (void)ctx;
+    size_t size = nbytes ? (nbytes + 63) & ~(size_t)63 : 64;
+    *buf = aligned_alloc(64, size);
+    if (!*buf) return TMX_ERR_NOMEM;
+    memset(*buf, 0, size);
+    return TMX_OK;
+}
+
+static void cpu_buf_free(void *ctx, void *buf) {
+    (void)ctx;
+    free(buf);
+}
+
+static enum tmx_status cpu_buf_write(void *ctx, void *dst, const void *host_src, size_t nbytes) {
+    (void)ctx;
+    memcpy(dst, host_src, nbytes);
+    return TMX_OK;
+}
+
+static enum tmx_status cpu_buf_read(void *ctx, void *host_dst, const void *src, size_t nbytes) {
+    (void)ctx;
+    memcpy(host_dst, src, nbytes);
+    return TMX_OK;
+}
+
+/* The host tensor is already in host memory: `dev` aliases it. Data must be aligned to its
+ * element size, as safetensors data is. */
+static enum tmx_status cpu_weight_import(void *ctx, const struct tmx_tensor *host,
+                                         struct tmx_tensor *dev, char **err) {
+    struct cpu_ctx *c = ctx;
+    if (!cpu_dtype_ok(host->dtype))
+        return c->host->err(err, TMX_ERR_UNSUPPORTED,
+                            "kernels.cpu: weight dtype %s not supported (F32, BF16 or F16)",
+                            cpu_dtype_name(host->dtype));
+    *dev = *host;
+    return TMX_OK;
+}
+
+/* The data belongs to the host tensor. */
+static void cpu_weight_free(void *ctx, struct tmx_tensor *dev) {
+    (void)ctx;
+    dev->data = NULL;
+}
+
+/* Ops ran when called; what is left is the first failure since the last sync. */
+static enum tmx_status cpu_sync(void *ctx) {
+    struct cpu_ctx *c = ctx;
+    enum tmx_status st = c->status;
+    c->status = TMX_OK;
+    return st;
+}
+
+/* --- the plugin ----------------------------------------------------------------------------- */
+
+static const struct tmx_kernels_i cpu_ops = {
+    .struct_size = sizeof(struct tmx_kernels_i),
+    .init = cpu_init,
+    .fini = cpu_fini,
+    .buf_alloc = cpu_buf_alloc,
+    .buf_free = cpu_buf_free,
+    .buf_write = cpu_buf_write,
+    .buf_read = cpu_buf_read,
+    .weight_import = cpu_weight_import,
+    .weight_free = cpu_weight_free,
+    .sync = cpu_sync,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .moe_route = cpu_moe_route,
+    .moe_experts = cpu_moe_experts,
+    .swiglu = cpu_swiglu,
+    .add_gated = cpu_add_gated,
+};
+
+static const struct tmx_option cpu_options[] = {
+    {"threads", TMX_OPT_INT, "0", "threads running ops, the caller's included (0: one per CPU)"},
+    {0},
+};
+
+static const struct tmx_plugin cpu_plugin = {
+    .abi_major = TMX_ABI_MAJOR,
+    .abi_minor = TMX_ABI_MINOR,
+    .struct_size = sizeof(struct tmx_plugin),
+    .name = "cpu",
+    .kind = TMX_PLUGIN_KERNELS,
+    .caps = TMX_CAP_HOST_MEMORY,
+    .version = "0.1.0",
+    .opts = cpu_options,
+    .ops = &cpu_ops,
+};
+
+TMX_PLUGIN_EXPORT const struct tmx_plugin *tmx_plugin_entry(const struct tmx_host *host,
+                                                            char **err) {
+    (void)host;
+    (void)err;
+    return &cpu_plugin;
+}

@@ -1,0 +1,158 @@
+/* rows.c: the row-wise ops: embed, rmsnorm, swiglu, add_gated.
+ *
+ * Each is cheap per element, so work is cut into tasks of about GRAIN floats: a decode step's
+ * single row runs inline on the caller instead of paying for a pool wake-up. Small weight
+ * vectors (norm and gate weights) are converted to F32 once per call, into scratch. */
+#include <math.h>
+
+#include "cpu.h"
+
+#define GRAIN (1 << 15)
+
+/* Items per task when each item touches `width` floats. */
+static int64_t per_task(int64_t width) { return width >= GRAIN ? 1 : GRAIN / width; }
+
+static int64_t n_tasks(int64_t items, int64_t per) { return (items + per - 1) / per; }
+
+static int check_rows(struct cpu_ctx *c, const char *op, int64_t rows, int64_t d) {
+    if (rows < 0 || d <= 0) {
+        cpu_fail(c, TMX_ERR_INVALID, "%s: %lld rows of width %lld", op, (long long)rows,
+                 (long long)d);
+        return 0;
+    }
+    return 1;
+}
+
+/* The [count] F32 view of a weight vector: its data when F32, else a copy in scratch. */
+static const float *weight_f32(struct cpu_ctx *c, const char *op, const char *what,
+                               const struct tmx_tensor *w, int64_t count) {
+    if (!cpu_check_weight(c, op, what, w, 1, count, 0)) return NULL;
+    if (w->dtype == TMX_DTYPE_F32) return w->data;
+    float *f = cpu_scratch(c, (size_t)count * sizeof *f, op);
+    if (f) cpu_to_f32(f, w->data, w->dtype, 0, count);
+    return f;
+}
+
+/* --- embed ---------------------------------------------------------------------------------- */
+
+struct embed_job {
+    float *out;
+    const struct tmx_tensor *table;
+    const int32_t *ids;
+    int64_t n, d, per;
+};
+
+static void embed_task(void *arg, int64_t task) {
+    const struct embed_job *j = arg;
+    for (int64_t t = task * j->per; t < j->n && t < (task + 1) * j->per; t++)
+        cpu_to_f32(j->out + t * j->d, j->table->data, j->table->dtype, j->ids[t] * j->d, j->d);
+}
+
+void cpu_embed(void *ctx, float *out, const struct tmx_tensor *table, const int32_t *ids, int n) {
+    struct cpu_ctx *c = ctx;
+    if (!cpu_check_weight(c, "embed", "table", table, 2, 0, 0) ||
+        !check_rows(c, "embed", n, table->shape[1]))
+        return;
+    int64_t vocab = table->shape[0];
+    for (int t = 0; t < n; t++)
+        if (ids[t] < 0 || ids[t] >= vocab) {
+            cpu_fail(c, TMX_ERR_INVALID, "embed: id %d at row %d outside [0, %lld)", ids[t], t,
+                     (long long)vocab);
+            return;
+        }
+    struct embed_job j = {out, table, ids, n, table->shape[1], per_task(table->shape[1])};
+    cpu_pool_run(c->pool, n_tasks(n, j.per), embed_task, &j);
+}
+
+/* --- rmsnorm -------------------------------------------------------------------------------- */
+
+/* The sum of squares in double: four partial sums keep it vectorizable and cheap. */
+void cpu_rmsnorm_row(float *out, const float *x, const float *w, int d, float eps) {
+    double ss[4] = {0};
+    int i = 0;
+    for (; i + 4 <= d; i += 4)
+        for (int l = 0; l < 4; l++) ss[l] += (double)x[i + l] * x[i + l];
+    for (; i < d; i++) ss[0] += (double)x[i] * x[i];
+    float inv = (float)(1.0 / sqrt(((ss[0] + ss[1]) + (ss[2] + ss[3])) / d + eps));
+    if (w)
+        for (i = 0; i < d; i++) out[i] = x[i] * inv * w[i];
+    else
+        for (i = 0; i < d; i++) out[i] = x[i] * inv;
+}
+
+struct rmsnorm_job {
+    float *out;
+    const float *x, *w;
+    int64_t rows, d, per;
+    float eps;
+};
+
+static void rmsnorm_task(void *arg, int64_t task) {
+    const struct rmsnorm_job *j = arg;
+    for (int64_t r = task * j->per; r < j->rows && r < (task + 1) * j->per; r++)
+        cpu_rmsnorm_row(j->out + r * j->d, j->x + r * j->d, j->w, (int)j->d, j->eps);
+}
+
+void cpu_rmsnorm(void *ctx, float *out, const float *x, const struct tmx_tensor *w, int rows,
+                 int d, float eps) {
+    struct cpu_ctx *c = ctx;
+    const float *wf = NULL;
+    if (!check_rows(c, "rmsnorm", rows, d) ||
+        (w && !(wf = weight_f32(c, "rmsnorm", "weight", w, d))))
+        return;
+    struct rmsnorm_job j = {out, x, wf, rows, d, per_task(d), eps};
+    cpu_pool_run(c->pool, n_tasks(rows, j.per), rmsnorm_task, &j);
+}
+
+/* --- swiglu --------------------------------------------------------------------------------- */
+
+struct swiglu_job {
+    float *out;
+    const float *gate, *up;
+    int64_t count;
+};
+
+static void swiglu_task(void *arg, int64_t task) {
+    const struct swiglu_job *j = arg;
+    for (int64_t i = task * GRAIN; i < j->count && i < (task + 1) * GRAIN; i++) {
+        float g = j->gate[i];
+        j->out[i] = g / (1.0f + expf(-g)) * j->up[i];
+    }
+}
+
+void cpu_swiglu(void *ctx, float *out, const float *gate, const float *up, int64_t count) {
+    struct cpu_ctx *c = ctx;
+    struct swiglu_job j = {out, gate, up, count};
+    cpu_pool_run(c->pool, n_tasks(count, GRAIN), swiglu_task, &j);
+}
+
+/* --- add_gated ------------------------------------------------------------------------------ */
+
+struct add_gated_job {
+    float *h;
+    const float *a, *g;
+    int64_t rows, d, per;
+};
+
+static void add_gated_task(void *arg, int64_t task) {
+    const struct add_gated_job *j = arg;
+    for (int64_t r = task * j->per; r < j->rows && r < (task + 1) * j->per; r++) {
+        float *h = j->h + r * j->d;
+        const float *a = j->a + r * j->d;
+        if (j->g)
+            for (int64_t i = 0; i < j->d; i++) h[i] += j->g[i] * a[i];
+        else
+            for (int64_t i = 0; i < j->d; i++) h[i] += a[i];
+    }
+}
+
+void cpu_add_gated(void *ctx, float *h, const float *a, const struct tmx_tensor *g, int rows,
+                   int d) {
+    struct cpu_ctx *c = ctx;
+    const float *gf = NULL;
+    if (!check_rows(c, "add_gated", rows, d) ||
+        (g && !(gf = weight_f32(c, "add_gated", "gate", g, d))))
+        return;
+    struct add_gated_job j = {h, a, gf, rows, d, per_task(d)};
+    cpu_pool_run(c->pool, n_tasks(rows, j.per), add_gated_task, &j);
+}
