@@ -31,6 +31,19 @@ def cpu_name():
     return platform.processor()
 
 
+def read_bandwidth_gb_s():
+    """Anchor: one thread summing a 512 MiB float32 array (numpy), best of 5."""
+    import time
+    import numpy as np
+    a = np.ones(128 << 20, dtype=np.float32)
+    best = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        a.sum()
+        best = max(best, a.nbytes / (time.perf_counter() - t) / 1e9)
+    return best
+
+
 def run(cmd):
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
 
@@ -51,7 +64,7 @@ def main():
                 d = os.path.join(tmp, f"{preset}-{dtype}")
                 info = run([sys.executable, os.path.join(ROOT, "tools", "make_tiny_model.py"), d,
                             "--preset", preset, "--dtype", dtype])
-                params = re.search(r"([0-9,]+) parameters", info)
+                params = re.search(r"([0-9,]+) parameters \(([0-9,]+) active", info)
                 dec, pre = [], []
                 for _ in range(args.runs):
                     out = run([tmx, "generate", "--model", d, "--prompt", PROMPT, "-n",
@@ -61,14 +74,20 @@ def main():
                     dec.append(float(m.group(2)))
                     pre.append(float(m.group(4)))
                     n_prompt = int(m.group(3))
+                active = int(params.group(2).replace(",", ""))
+                bytes_per_token = active * (4 if dtype == "f32" else 2)
                 rows.append({"model": f"muse-{preset}", "dtype": dtype,
-                             "parameters": params.group(1) if params else "?",
+                             "parameters": params.group(1), "active_parameters": active,
+                             "weight_bytes_per_token": bytes_per_token,
                              "prompt_tokens": n_prompt, "generated": args.n,
                              "decode_tok_s": statistics.median(dec),
-                             "prefill_tok_s": statistics.median(pre), "runs": args.runs})
+                             "prefill_tok_s": statistics.median(pre), "runs": args.runs,
+                             "decode_weight_gb_s": statistics.median(dec) * bytes_per_token / 1e9})
                 print(rows[-1], flush=True)
     commit = run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
     meta = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(),
+            "load_average_1min_at_end": os.getloadavg()[0],
+            "anchor_read_gb_s_1_thread": read_bandwidth_gb_s(),
             "cores": os.cpu_count(), "threads": args.threads, "commit": commit,
             "command": "python3 tools/bench_cpu.py --threads %d --runs %d" % (args.threads,
                                                                             args.runs)}
@@ -80,12 +99,21 @@ def main():
         f.write(f"{meta['date']}, {meta['cpu']}, {meta['cores']} cores, {meta['threads']} "
                 f"threads, commit {commit}. Reproduce: `{meta['command']}`.\n\n")
         f.write("Greedy decoding of %d tokens after the prompt; median of %d runs. Random "
-                "weights (tools/make_tiny_model.py).\n\n" % (args.n, args.runs))
-        f.write("| model | weights | parameters | prompt tokens | prefill tok/s | decode tok/s |\n")
-        f.write("|---|---|---|---|---|---|\n")
+                "weights (tools/make_tiny_model.py). Decode is bound by reading the active "
+                "weights once per token: the last column is those bytes times tokens/s, to set "
+                "against the machine's streaming read bandwidth. 1-minute load average at the "
+                "end: %.2f (other work on the machine lowers these numbers). Anchor in the same "
+                "run: one thread streams %.1f GB/s (numpy sum of 512 MiB).\n\n"
+                % (args.n, args.runs, meta["load_average_1min_at_end"],
+                   meta["anchor_read_gb_s_1_thread"]))
+        f.write("| model | weights | parameters (active) | prompt tokens | prefill tok/s | "
+                "decode tok/s | weight GB/s in decode |\n")
+        f.write("|---|---|---|---|---|---|---|\n")
         for r in rows:
-            f.write(f"| {r['model']} | {r['dtype']} | {r['parameters']} | {r['prompt_tokens']} | "
-                    f"{r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} |\n")
+            f.write(f"| {r['model']} | {r['dtype']} | {r['parameters']} "
+                    f"({r['active_parameters']:,}) | {r['prompt_tokens']} | "
+                    f"{r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} | "
+                    f"{r['decode_weight_gb_s']:.1f} |\n")
 
 
 if __name__ == "__main__":
