@@ -14,6 +14,7 @@ const char *tmx_status_str(enum tmx_status st) {
     case TMX_ERR_ABI: return "ABI mismatch";
     case TMX_ERR_IO: return "I/O error";
     case TMX_ERR_NOT_FOUND: return "not found";
+    case TMX_ERR_BUSY: return "busy";
     }
     return "unknown status";
 }

@@ -30,8 +30,8 @@ struct null_api {
 };
 
 static enum tmx_status null_init(const struct tmx_host *host, const struct tmx_opts *opts,
-                                 void **ctx, char **err) {
-    (void)opts;
+                                 const struct tmx_serve_i *serve, void **ctx, char **err) {
+    (void)opts, (void)serve;
     struct null_api *a = calloc(1, sizeof *a);
     if (!a) return host->err(err, TMX_ERR_NOMEM, "api null: out of memory");
     a->host = host;

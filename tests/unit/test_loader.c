@@ -646,7 +646,7 @@ static void test_api_null(void **state) {
     /* run blocks in its own thread until stop; then a stop that comes before run. */
     for (int stop_first = 0; stop_first < 2; stop_first++) {
         struct api_run r = {ops, NULL, TMX_ERR_INVALID};
-        assert_int_equal(ops->init(tmx_host_get(), NULL, &r.ctx, NULL), TMX_OK);
+        assert_int_equal(ops->init(tmx_host_get(), NULL, NULL, &r.ctx, NULL), TMX_OK);
         pthread_t th;
         if (stop_first) ops->stop(r.ctx);
         assert_int_equal(pthread_create(&th, NULL, api_thread, &r), 0);

@@ -28,6 +28,7 @@
 
 #include "tmx/kernels.h"
 #include "tmx/safetensors.h"
+#include "tmx/serve.h"
 #include "tmx/status.h"
 #include "tmx/tensor.h"
 
@@ -172,6 +173,11 @@ struct tmx_codec_i {
     /* (optional; NULL: the codec cannot encode) Encodes one layer and writes its files. */
     enum tmx_status (*layer_encode)(void *ctx, const struct tmx_codec_encode_job *job,
                                     char **err);
+    /* (optional; NULL: no members of its own) The codec's members of hf_quant_config.json for a
+     * build at `bits` per weight, as the text of one JSON object written to buf[size]
+     * snprintf-style: returns the length it needs, or < 0 when it cannot build at `bits`.
+     * tmx quantize adds "quant_method", "codec", "mxfp8_tensors" and "producer". */
+    int (*quant_config)(void *ctx, int bits, char *buf, size_t size);
 };
 
 /* --- kind: drafter ---------------------------------------------------------------------------
@@ -200,12 +206,12 @@ struct tmx_media_i {
 };
 
 /* --- kind: api -----------------------------------------------------------------------------
- * A front end. `run` blocks serving until `stop` is called from another thread. The engine
- * calls it drives are appended to struct tmx_host by the serving issue. */
+ * A front end. init gets the engine's serving table (tmx/serve.h), which outlives the plugin
+ * instance; `run` blocks serving until `stop` is called from another thread. */
 struct tmx_api_i {
     uint32_t struct_size;
-    enum tmx_status (*init)(const struct tmx_host *host, const struct tmx_opts *opts, void **ctx,
-                            char **err);
+    enum tmx_status (*init)(const struct tmx_host *host, const struct tmx_opts *opts,
+                            const struct tmx_serve_i *serve, void **ctx, char **err);
     void (*fini)(void *ctx);
     enum tmx_status (*run)(void *ctx, char **err);
     void (*stop)(void *ctx);

@@ -17,6 +17,7 @@ enum tmx_status {
     TMX_ERR_ABI = -5,         /* a plugin built for another ABI */
     TMX_ERR_IO = -6,          /* open/read/mmap failed */
     TMX_ERR_NOT_FOUND = -7,   /* a named file, plugin, symbol or tensor does not exist */
+    TMX_ERR_BUSY = -8,        /* a bounded queue is full: try again later */
 };
 
 const char *tmx_status_str(enum tmx_status st);
