@@ -18,7 +18,7 @@
 
 /* --- core keys ---------------------------------------------------------------------------- */
 
-enum key_type { KEY_STR, KEY_INT, KEY_LIST };
+enum key_type { KEY_STR, KEY_INT, KEY_LIST, KEY_BOOL };
 
 static const struct core_key {
     const char *name;
@@ -34,13 +34,18 @@ static const struct core_key {
     {"context", KEY_INT, "TMX_CONTEXT", "4096", 1, INT_MAX},
     {"batch", KEY_INT, "TMX_BATCH", "512", 1, INT_MAX},
     {"seed", KEY_INT, "TMX_SEED", "-1", -1, INT64_MAX},
+    {"api", KEY_STR, "TMX_API", "openai", 0, 0},
+    {"model_name", KEY_STR, "TMX_MODEL_NAME", "", 0, 0},
+    {"max_running", KEY_INT, "TMX_MAX_RUNNING", "8", 1, 4096},
+    {"max_waiting", KEY_INT, "TMX_MAX_WAITING", "64", 0, 1 << 20},
     {"log_level", KEY_STR, "TMX_LOG_LEVEL", "info", 0, 0},
+    {"verify", KEY_BOOL, "TMX_VERIFY", "true", 0, 0},
 };
 #define N_CORE_KEYS (sizeof core_keys / sizeof core_keys[0])
 
 struct value {
     char *str;   /* KEY_STR */
-    int64_t i;   /* KEY_INT */
+    int64_t i;   /* KEY_INT, KEY_BOOL (0 or 1) */
     char **list; /* KEY_LIST: [n_list] */
     int n_list;
 };
@@ -208,6 +213,14 @@ static enum tmx_status set_text(struct tmx_config *cfg, int k, const char *text,
         }
         return set_list(cfg, k, list, n, src, err);
     }
+    case KEY_BOOL: {
+        int b;
+        if (!parse_bool(text, &b))
+            return tmx_err(err, TMX_ERR_INVALID, "%s: %s: '%s' is not true, false, 1 or 0", src,
+                           key->name, text);
+        cfg->v[k].i = b;
+        return TMX_OK;
+    }
     }
     return TMX_ERR_INVALID;
 }
@@ -275,8 +288,13 @@ static enum tmx_status read_key(struct tmx_config *cfg, const char *path, const 
         }
         return set_list(cfg, k, list, n, path, err);
     }
+    case KEY_BOOL:
+        if (!json_is_boolean(val)) break;
+        cfg->v[k].i = json_is_true(val);
+        return TMX_OK;
     }
-    static const char *const expected[] = {"a string", "an integer", "an array of strings"};
+    static const char *const expected[] = {"a string", "an integer", "an array of strings",
+                                           "a boolean"};
     return tmx_err(err, TMX_ERR_INVALID, "%s: %s: must be %s, got %s", path, name,
                    expected[core_keys[k].type], json_kind(val));
 }
@@ -407,6 +425,10 @@ int64_t tmx_config_int(const struct tmx_config *cfg, const char *key) {
     return cfg->v[core_key_of(key, KEY_INT)].i;
 }
 
+int tmx_config_bool(const struct tmx_config *cfg, const char *key) {
+    return (int)cfg->v[core_key_of(key, KEY_BOOL)].i;
+}
+
 int tmx_config_load_count(const struct tmx_config *cfg) {
     return cfg->v[core_key_of("load", KEY_LIST)].n_list;
 }
@@ -433,6 +455,7 @@ void tmx_config_print(const struct tmx_config *cfg) {
         switch (core_keys[k].type) {
         case KEY_STR: j = json_string(v->str); break;
         case KEY_INT: j = json_integer(v->i); break;
+        case KEY_BOOL: j = json_boolean(v->i); break;
         case KEY_LIST:
             j = json_array();
             for (int i = 0; i < v->n_list; i++) json_array_append_new(j, json_string(v->list[i]));
@@ -602,8 +625,8 @@ static enum tmx_status resolve(const struct tmx_config *cfg, const struct tmx_pl
                     o->name, type, json_kind(j));
         return st;
     }
-    if (p->kind == TMX_PLUGIN_KERNELS && o->type == TMX_OPT_INT &&
-        strcmp(o->name, "threads") == 0) {
+    if ((p->kind == TMX_PLUGIN_KERNELS || p->kind == TMX_PLUGIN_CODEC) &&
+        o->type == TMX_OPT_INT && strcmp(o->name, "threads") == 0) {
         v->u.i = tmx_config_int(cfg, "threads");
         return TMX_OK;
     }

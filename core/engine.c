@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "tmx/manifest.h"
 #include "tmx/tmx.h"
 
 struct tmx_engine {
@@ -14,6 +15,16 @@ struct tmx_engine {
     struct tmx_model *model;
     struct tmx_tokenizer *tok;
 };
+
+/* A quantized build vouches for its files (tmx/manifest.h): their sizes and the absence of stray
+ * expert files always, their SHA-256 with config key "verify". Checked before any is opened, so
+ * that damage is reported by file name rather than as a parse error. */
+static enum tmx_status verify_build(const char *dir, const struct tmx_config *cfg, char **err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, TMX_MANIFEST_NAME);
+    if (access(path, F_OK) != 0) return TMX_OK;
+    return tmx_manifest_verify(dir, tmx_config_bool(cfg, "verify"), err);
+}
 
 enum tmx_status tmx_engine_open(const char *model_dir, const char *config_path, int n_overrides,
                                 const char *const *overrides, struct tmx_engine **out,
@@ -26,6 +37,7 @@ enum tmx_status tmx_engine_open(const char *model_dir, const char *config_path, 
     if (st == TMX_OK) st = tmx_plugins_new(e->cfg, &e->plugins, err);
     if (st == TMX_OK) st = tmx_plugins_load_configured(e->plugins, err);
     if (st == TMX_OK) st = tmx_kernels_open(e->plugins, NULL, &e->kernels, err);
+    if (st == TMX_OK) st = verify_build(model_dir, e->cfg, err);
     if (st == TMX_OK) st = tmx_checkpoint_open(model_dir, &e->ck, err);
     if (st == TMX_OK) st = tmx_model_load(e->ck, &e->kernels, e->plugins, &e->model, err);
     if (st == TMX_OK) {
@@ -56,6 +68,8 @@ const struct tmx_config *tmx_engine_config(const struct tmx_engine *e) { return 
 struct tmx_model *tmx_engine_model(struct tmx_engine *e) { return e->model; }
 const struct tmx_tokenizer *tmx_engine_tokenizer(const struct tmx_engine *e) { return e->tok; }
 const struct tmx_plugins *tmx_engine_plugins(const struct tmx_engine *e) { return e->plugins; }
+struct tmx_plugins *tmx_engine_plugins_mut(struct tmx_engine *e) { return e->plugins; }
+const char *tmx_engine_model_dir(const struct tmx_engine *e) { return tmx_checkpoint_dir(e->ck); }
 
 int tmx_engine_n_vocab(const struct tmx_engine *e) {
     const int n_tok = tmx_tokenizer_n_vocab(e->tok), n_model = tmx_model_cfg(e->model)->vocab_size;

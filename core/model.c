@@ -354,6 +354,8 @@ struct tmx_seq {
     float *z, *y;         /* [B][moe_latent] */
     float *logits;        /* [B][vocab_size] */
     int32_t *pos_host;    /* [B] */
+    tmx_capture_fn capture; /* calibration hook, or NULL */
+    void *capture_arg;
 };
 
 /* Allocates one zeroed device buffer of the sequence. */
@@ -442,6 +444,16 @@ void tmx_seq_reset(struct tmx_seq *s) { s->n_past = 0; }
 
 static const struct tmx_tensor *opt(const struct tmx_tensor *t) { return t->data ? t : NULL; }
 
+enum tmx_status tmx_seq_set_capture(struct tmx_seq *s, tmx_capture_fn fn, void *arg, char **err) {
+    const struct tmx_kernels *k = s->m->k;
+    if (fn && !(k->plugin->caps & TMX_CAP_HOST_MEMORY))
+        return tmx_err(err, TMX_ERR_UNSUPPORTED, "kernel set %s: its buffers are not host "
+                       "memory, so a forward pass cannot be captured", k->plugin->name);
+    s->capture = fn;
+    s->capture_arg = arg;
+    return TMX_OK;
+}
+
 /* --- the forward pass ---------------------------------------------------------------------- */
 
 /* One step over n <= n_batch tokens already in s->tok / s->pos. Leaves the final hidden states
@@ -489,6 +501,15 @@ static enum tmx_status forward_step(struct tmx_seq *s, int n, char **err) {
                           c->n_routed_experts, c->n_experts_per_tok, c->router_score,
                           c->norm_topk_prob, (float)c->routed_scaling_factor);
             op->matmul(kc, s->z, s->x, &ly->bridge_in, n);
+            if (s->capture) { /* calibration: the buffers are host memory (tmx_seq_set_capture) */
+                const struct tmx_moe_capture cap = {l, n, c->n_experts_per_tok, s->x, s->z,
+                                                    s->rid, s->rw};
+                enum tmx_status st = op->sync(kc);
+                if (st != TMX_OK)
+                    return tmx_err(err, st, "kernel set %s failed during the forward pass",
+                                   m->k->plugin->name);
+                if ((st = s->capture(s->capture_arg, &cap, err)) != TMX_OK) return st;
+            }
             if (!ly->codec_layer) {
                 op->moe_experts(kc, s->y, s->z, s->rid, s->rw, n, c->n_experts_per_tok, &ly->moe);
             } else { /* the codec's host path reads the buffers: finish the queued ops first */

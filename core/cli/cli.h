@@ -37,5 +37,7 @@ int cli_fail(const char *cmd, char *msg);
 
 int cmd_generate(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif

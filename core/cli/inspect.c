@@ -5,12 +5,16 @@
 #include <string.h>
 
 #include "cli.h"
+#include "tmx/manifest.h"
 
 static const char usage[] =
     "usage: tmx inspect [--model] DIR [options]\n\n"
     "Prints the model's config, every tensor (dtype, shape, bytes, file), totals by dtype, and\n"
     "the plugins that running it needs next to those this configuration loads.\n\n"
-    "      --no-tensors       print config, totals and plugins only\n" CLI_ENGINE_USAGE;
+    "      --no-tensors       print config, totals and plugins only\n"
+    "      --verify           only check a quantized build against its trellismx-manifest.json:\n"
+    "                         every file's size and SHA-256, no stray expert files\n"
+    CLI_ENGINE_USAGE;
 
 static void print_config(const struct tmx_model_config *c) {
     int n_sliding = 0, n_dense = 0;
@@ -98,17 +102,19 @@ static void print_plugins(const char *dir, const struct tmx_config *cfg,
 
 int cmd_inspect(int argc, char **argv) {
     static const struct option longopts[] = {{"no-tensors", no_argument, 0, 'N'},
+                                              {"verify", no_argument, 0, 'V'},
                                               {"help", no_argument, 0, 'h'},
                                               CLI_ENGINE_LONGOPTS,
                                               {0, 0, 0, 0}};
     struct cli_engine_opts eo = {0};
-    int list = 1, c, r;
+    int list = 1, verify = 0, c, r;
     while ((c = getopt_long(argc, argv, "h" CLI_ENGINE_SHORTOPTS, longopts, NULL)) != -1) {
         if ((r = cli_engine_opt(&eo, c, optarg)) != 0) {
             if (r < 0) return 2;
             continue;
         }
         if (c == 'N') list = 0;
+        else if (c == 'V') verify = 1;
         else if (c == 'h') {
             fputs(usage, stdout);
             return 0;
@@ -122,12 +128,17 @@ int cmd_inspect(int argc, char **argv) {
         fputs(usage, stderr);
         return 2;
     }
+    char *err = NULL;
+    if (verify) {
+        if (tmx_manifest_verify(eo.model, 1, &err) != TMX_OK) return cli_fail("inspect", err);
+        printf("%s: every file matches %s (size and SHA-256)\n", eo.model, TMX_MANIFEST_NAME);
+        return 0;
+    }
     struct tmx_config *cfg = NULL;
     struct tmx_plugins *ps = NULL;
     struct tmx_checkpoint *ck = NULL;
     struct tmx_model_config mc;
     const struct tmx_plugin *kernels;
-    char *err = NULL;
     enum tmx_status st = tmx_config_load(eo.config, &cfg, &err);
     for (int i = 0; st == TMX_OK && i < eo.n_overrides; i++)
         st = tmx_config_set(cfg, eo.overrides[i], &err);

@@ -12,6 +12,8 @@ static const struct {
 } commands[] = {
     {"generate", cmd_generate, "continue a prompt and print the text and tokens/s"},
     {"inspect", cmd_inspect, "print a checkpoint's config, tensors and the plugins it needs"},
+    {"quantize", cmd_quantize, "code a BF16 checkpoint's routed experts with a codec (TrellisMX)"},
+    {"serve", cmd_serve, "serve a model over an OpenAI-compatible HTTP API"},
 };
 
 static void usage(FILE *f) {

@@ -12,9 +12,11 @@
  * (host->st_open mmaps them) as two halves of one format; shapes checked before a byte is read;
  * the expert block's contract (post-expert norm before the routing weight); errors made with
  * host->err. It is deliberately naive: no threads, no fused kernels. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include "tmx/plugin.h"
 
@@ -178,6 +180,9 @@ static enum tmx_status int8_layer_encode(void *ctx, const struct tmx_codec_encod
         }
         if (job->proxy_err) job->proxy_err[e * 3 + p] = sw > 0.0 ? se / sw : 0.0;
     }
+    snprintf(path, sizeof path, "%s/int8", job->out_dir);
+    if (st == TMX_OK && mkdir(path, 0777) != 0 && errno != EEXIST)
+        st = host->err(err, TMX_ERR_IO, "%s: cannot create", path);
     snprintf(path, sizeof path, "%s/int8/layer-%03d.safetensors", job->out_dir, job->layer);
     if (st == TMX_OK)
         st = host->st_write(path, n, (const char *const *)names, t, NULL, err);

@@ -4,9 +4,9 @@
  * override and a command-line override; precedence: command line > environment > file >
  * default. Unknown keys are an error naming the key and the file.
  *
- * Core keys: plugin_dir, kernels, load, threads, context, batch, seed, log_level. Plugin options
- * live under "plugins": {"<kind>.<name>": {"<option>": value}} and are checked against the
- * plugin's option table when it loads (see tmx/loader.h).
+ * Core keys: plugin_dir, kernels, load, threads, context, batch, seed, log_level, verify. Plugin
+ * options live under "plugins": {"<kind>.<name>": {"<option>": value}} and are checked against
+ * the plugin's option table when it loads (see tmx/loader.h).
  *
  * The config owns every string it returns; they live until tmx_config_free. */
 #ifndef TMX_CONFIG_H
@@ -29,6 +29,7 @@ enum tmx_status tmx_config_set(struct tmx_config *cfg, const char *assignment, c
 /* Core keys. A key that is not a core key of that type is a programming error (abort). */
 const char *tmx_config_str(const struct tmx_config *cfg, const char *key);
 int64_t tmx_config_int(const struct tmx_config *cfg, const char *key);
+int tmx_config_bool(const struct tmx_config *cfg, const char *key); /* 0 or 1 */
 
 /* "load": plugins to load besides the kernel set, as "<kind>.<name>" strings. */
 int tmx_config_load_count(const struct tmx_config *cfg);
@@ -44,8 +45,8 @@ struct tmx_opts;
 
 /* Checks the option table of plugin p (loaded from the file `path`, which messages name) and
  * resolves each option from, in order: the command line, TMX_<KIND>_<NAME>_<OPTION> (read now),
- * the file's "plugins" section, then the table's default; a kernel set's int option "threads"
- * takes the core key "threads" before its default. An option set in the file or on the command
+ * the file's "plugins" section, then the table's default; a kernel set's or codec's int option
+ * "threads" takes the core key "threads" before its default. An option set in the file or on the command
  * line that the table lacks, or a value that is not of the option's type, is an error naming
  * the plugin, the option and where it was set. *out is freed with tmx_opts_free. */
 enum tmx_status tmx_config_plugin_opts(const struct tmx_config *cfg, const struct tmx_plugin *p,

@@ -77,4 +77,26 @@ void tmx_seq_reset(struct tmx_seq *s);
 enum tmx_status tmx_seq_forward(struct tmx_seq *s, const int32_t *tokens, int n, float *logits,
                                 int all_rows, char **err);
 
+/* --- calibration capture (tmx quantize) ---------------------------------------------------- */
+
+/* One MoE layer of one forward step of n tokens, right after its router and bridge_in: host
+ * pointers into the sequence's buffers, valid during the callback only. */
+struct tmx_moe_capture {
+    int layer;            /* layer id */
+    int n, k;             /* token rows in the step, experts per token */
+    const float *x;       /* [n][hidden] the MLP's input (post-attention RMSNorm) */
+    const float *z;       /* [n][moe_latent_size] post-bridge latents, the experts' input */
+    const int32_t *ids;   /* [n][k] routed experts */
+    const float *weights; /* [n][k] their routing weights */
+};
+
+/* Returns TMX_OK, or a failure that ends the forward pass with it (and its message). */
+typedef enum tmx_status (*tmx_capture_fn)(void *arg, const struct tmx_moe_capture *cap,
+                                          char **err);
+
+/* From the next forward step on, calls fn(arg, ...) in every MoE layer (fn NULL: stop). The
+ * step syncs the kernel set before each call, so the kernel set's buffers must be host memory
+ * (TMX_CAP_HOST_MEMORY); TMX_ERR_UNSUPPORTED otherwise. */
+enum tmx_status tmx_seq_set_capture(struct tmx_seq *s, tmx_capture_fn fn, void *arg, char **err);
+
 #endif

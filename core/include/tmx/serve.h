@@ -122,4 +122,7 @@ struct tmx_serve_i {
     void (*release)(void *p);
 };
 
+/* Fills the table for s; model_name must outlive it. */
+void tmx_serve_table(struct tmx_serve *s, const char *model_name, struct tmx_serve_i *out);
+
 #endif

@@ -19,7 +19,9 @@
 struct tmx_engine;
 
 /* Opens MODEL_DIR (config.json, safetensors, tokenizer.json) with the configuration file
- * config_path (NULL: defaults), then applies the "key=value" overrides in order. */
+ * config_path (NULL: defaults), then applies the "key=value" overrides in order. A build with a
+ * trellismx-manifest.json is checked against it first (tmx/manifest.h; SHA-256 with config key
+ * "verify"). */
 enum tmx_status tmx_engine_open(const char *model_dir, const char *config_path, int n_overrides,
                                 const char *const *overrides, struct tmx_engine **out,
                                 char **err);
@@ -29,6 +31,8 @@ const struct tmx_config *tmx_engine_config(const struct tmx_engine *e);
 struct tmx_model *tmx_engine_model(struct tmx_engine *e);
 const struct tmx_tokenizer *tmx_engine_tokenizer(const struct tmx_engine *e);
 const struct tmx_plugins *tmx_engine_plugins(const struct tmx_engine *e);
+struct tmx_plugins *tmx_engine_plugins_mut(struct tmx_engine *e); /* to load more plugins */
+const char *tmx_engine_model_dir(const struct tmx_engine *e);
 /* Ids that have a token: the tokenizer's vocabulary, at most the model's vocab_size. Logits
  * beyond it belong to padded rows and are never sampled. */
 int tmx_engine_n_vocab(const struct tmx_engine *e);

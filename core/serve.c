@@ -1,0 +1,515 @@
+/* serve.c: the scheduler — one thread that runs every request of `tmx serve` over one model.
+ *
+ * Requests wait in a bounded FIFO; up to max_running of them hold a sequence (KV cache) at a
+ * time. Each step gives every running request one decode token first, then spends what is left
+ * of the step's token budget (config "batch") on prompt chunks, oldest request first: chunked
+ * prefill that never stalls decoding. A new request joins between steps; a cancelled one leaves
+ * within one step. Sequences run their forward passes one after another inside a step (the
+ * graph takes one sequence at a time until the paged KV cache lands). */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tmx/serve.h"
+#include "tmx/template.h"
+#include "tmx/tmx.h"
+
+struct request {
+    uint64_t id;
+    struct tmx_request_params p; /* arrays point into `owned` */
+    void *owned;
+    tmx_token_cb cb;
+    void *arg;
+    struct tmx_seq *seq;
+    struct tmx_sampler *sampler;
+    int32_t *tokens;  /* [n_prompt + max_tokens]: prompt, then generated */
+    int n_tokens;     /* prompt + generated so far */
+    int n_fed;        /* tokens already run through the model */
+    int n_gen;
+    int cancelled;    /* under the lock */
+    double t_submit, t_last;
+    struct request *next;
+};
+
+struct tmx_serve {
+    struct tmx_engine *e;
+    struct tmx_model *m;
+    int n_ctx, n_batch, max_running, max_waiting, vocab_size, n_vocab;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    int stopping;                     /* under lock */
+    struct request *wait_head, *wait_tail; /* under lock */
+    int n_waiting;                    /* under lock */
+    struct request **running;         /* [max_running]; changed under the lock */
+    int n_running;
+    struct request **gone;            /* [max_running] scratch of reap */
+    uint64_t next_id;                 /* under lock */
+    struct tmx_serve_metrics metrics; /* under lock */
+    float *logits, *work;             /* [vocab_size] */
+    int *counts;                      /* [n_vocab] scratch of the penalties, kept zero */
+    struct tmx_template *chat;        /* the model's chat template, or NULL */
+    json_t *special;                  /* bos_token / eos_token strings for the template */
+    int32_t top_ids[TMX_MAX_TOP_LOGPROBS];
+    float top_lp[TMX_MAX_TOP_LOGPROBS];
+};
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void observe(uint64_t *buckets, double *sum, double v) {
+    static const double bounds[TMX_SERVE_N_BUCKETS] = TMX_SERVE_LATENCY_BOUNDS;
+    for (int i = 0; i < TMX_SERVE_N_BUCKETS; i++)
+        if (v <= bounds[i]) buckets[i]++;
+    *sum += v;
+}
+
+static void request_free(struct request *r) {
+    if (!r) return;
+    tmx_seq_free(r->seq);
+    tmx_sampler_free(r->sampler);
+    free(r->tokens);
+    free(r->owned);
+    free(r);
+}
+
+/* --- the sampling of one request ----------------------------------------------------------- */
+
+/* log-softmax normalizer of the model's logits over the tokenizer's ids */
+static double log_sum_exp(const float *x, int n) {
+    float max = x[0];
+    for (int i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += exp((double)x[i] - max);
+    return max + log(s);
+}
+
+/* Picks the next token of r from s->logits: logit bias and penalties on a copy, then the
+ * request's sampler. Fills the event's logprobs from the unmodified logits. */
+static int32_t pick(struct tmx_serve *s, struct request *r, struct tmx_token_event *ev) {
+    const struct tmx_request_params *p = &r->p;
+    const int n = s->n_vocab;
+    int *cnt = s->counts; /* all zero between calls */
+    float *x = s->work;
+    memcpy(x, s->logits, (size_t)n * sizeof *x);
+    for (int i = 0; i < p->n_bias; i++) x[p->bias_ids[i]] += p->bias_values[i];
+    if (p->presence_penalty != 0 || p->frequency_penalty != 0) { /* OpenAI: generated tokens */
+        for (int i = p->n_prompt; i < r->n_tokens; i++) cnt[r->tokens[i]]++;
+        for (int i = p->n_prompt; i < r->n_tokens; i++) {
+            const int32_t t = r->tokens[i];
+            if (cnt[t] == 0) continue; /* each distinct token once */
+            x[t] -= p->frequency_penalty * (float)cnt[t] + p->presence_penalty;
+            cnt[t] = 0;
+        }
+    }
+    if (p->repetition_penalty != 1) { /* CTRL / HF: every token seen, prompt included */
+        for (int i = 0; i < r->n_tokens; i++) {
+            const int32_t t = r->tokens[i];
+            if (cnt[t]) continue;
+            x[t] = x[t] > 0 ? x[t] / p->repetition_penalty : x[t] * p->repetition_penalty;
+            cnt[t] = 1;
+        }
+        for (int i = 0; i < r->n_tokens; i++) cnt[r->tokens[i]] = 0;
+    }
+    const int32_t tok = tmx_sampler_sample(r->sampler, x);
+    if (p->top_logprobs >= 0) {
+        const double lse = log_sum_exp(s->logits, n);
+        const int want = p->top_logprobs;
+        int k = 0; /* insertion into a short sorted list: want <= TMX_MAX_TOP_LOGPROBS */
+        for (int i = 0; i < n && want > 0; i++) {
+            const float lp = (float)(s->logits[i] - lse);
+            if (k == want && lp <= s->top_lp[k - 1]) continue;
+            int j = k < want ? k++ : k - 1;
+            for (; j > 0 && s->top_lp[j - 1] < lp; j--) {
+                s->top_ids[j] = s->top_ids[j - 1];
+                s->top_lp[j] = s->top_lp[j - 1];
+            }
+            s->top_ids[j] = i;
+            s->top_lp[j] = lp;
+        }
+        ev->logprob = (float)(s->logits[tok] - lse);
+        ev->n_top = k;
+        ev->top_ids = s->top_ids;
+        ev->top_logprobs = s->top_lp;
+    }
+    return tok;
+}
+
+/* --- events -------------------------------------------------------------------------------- */
+
+static void finish(struct tmx_serve *s, struct request *r, enum tmx_finish why, const char *error) {
+    struct tmx_token_event ev = {.id = r->id, .token = -1, .finish = why, .error = error,
+                                 .n_prompt = r->p.n_prompt, .n_generated = r->n_gen};
+    r->cb(r->arg, &ev);
+    pthread_mutex_lock(&s->lock);
+    s->metrics.finished[why]++;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static int is_stop(const struct tmx_serve *s, const struct request *r, int32_t tok) {
+    const struct tmx_model_config *c = tmx_model_cfg(s->m);
+    for (int i = 0; !r->p.ignore_eos && i < c->n_eos; i++)
+        if (tok == c->eos_token_ids[i]) return 1;
+    for (int i = 0; i < r->p.n_stop_ids; i++)
+        if (tok == r->p.stop_ids[i]) return 1;
+    return 0;
+}
+
+/* Samples r's next token from s->logits and reports it. Returns 1 when r is finished. */
+static int emit(struct tmx_serve *s, struct request *r) {
+    struct tmx_token_event ev = {.id = r->id};
+    const int32_t tok = pick(s, r, &ev);
+    r->tokens[r->n_tokens++] = tok;
+    r->n_gen++;
+    const double t = now();
+    pthread_mutex_lock(&s->lock);
+    s->metrics.generation_tokens++;
+    if (r->n_gen == 1) observe(s->metrics.ttft_count, &s->metrics.ttft_sum, t - r->t_submit);
+    else observe(s->metrics.itl_count, &s->metrics.itl_sum, t - r->t_last);
+    pthread_mutex_unlock(&s->lock);
+    r->t_last = t;
+    ev.token = tok;
+    ev.n_prompt = r->p.n_prompt;
+    ev.n_generated = r->n_gen;
+    if (is_stop(s, r, tok)) ev.finish = TMX_FINISH_STOP;
+    else if (r->n_gen >= r->p.max_tokens) ev.finish = TMX_FINISH_LENGTH;
+    r->cb(r->arg, &ev);
+    if (ev.finish == TMX_FINISH_NONE) return 0;
+    pthread_mutex_lock(&s->lock);
+    s->metrics.finished[ev.finish]++;
+    pthread_mutex_unlock(&s->lock);
+    return 1;
+}
+
+/* --- the loop ------------------------------------------------------------------------------ */
+
+/* Moves waiting requests into free running slots; a request whose sequence cannot be made
+ * finishes with an error. Called with the lock held; drops it around allocation. The running
+ * set changes only under the lock (tmx_serve_cancel reads it). */
+static void admit(struct tmx_serve *s) {
+    while (s->wait_head && s->n_running < s->max_running) {
+        struct request *r = s->wait_head;
+        s->wait_head = r->next;
+        if (!s->wait_head) s->wait_tail = NULL;
+        s->n_waiting--;
+        pthread_mutex_unlock(&s->lock);
+        char *err = NULL;
+        enum tmx_status st = tmx_seq_new(s->m, s->n_ctx, s->n_batch, &r->seq, &err);
+        if (st == TMX_OK) st = tmx_sampler_new(&r->p.sampling, s->n_vocab, &r->sampler, &err);
+        if (st != TMX_OK) {
+            finish(s, r, TMX_FINISH_ERROR, err ? err : "out of memory");
+            free(err);
+            request_free(r);
+        }
+        pthread_mutex_lock(&s->lock);
+        if (st == TMX_OK) s->running[s->n_running++] = r;
+    }
+}
+
+/* One step: a decode token for every request past its prompt, then prompt chunks within the
+ * token budget. A request that finishes or fails loses its sequence (reap collects it). */
+static void step(struct tmx_serve *s) {
+    int budget = s->n_batch;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < s->n_running; i++) {
+            struct request *r = s->running[i];
+            pthread_mutex_lock(&s->lock);
+            const int cancelled = r->cancelled;
+            pthread_mutex_unlock(&s->lock);
+            if (cancelled || !r->seq) continue;
+            const int decoding = r->n_fed >= r->p.n_prompt;
+            if (decoding != (pass == 0)) continue; /* pass 0 decodes, pass 1 prefills */
+            int n = r->n_tokens - r->n_fed;
+            if (!decoding) {
+                if (budget <= 0) continue;
+                n = n < budget ? n : budget;
+                budget -= n;
+            }
+            char *err = NULL;
+            enum tmx_status st = tmx_seq_forward(r->seq, r->tokens + r->n_fed, n, s->logits, 0,
+                                                 &err);
+            if (st != TMX_OK) {
+                finish(s, r, TMX_FINISH_ERROR, err ? err : "forward pass failed");
+                free(err);
+                tmx_seq_free(r->seq);
+                r->seq = NULL; /* reaped below */
+                continue;
+            }
+            r->n_fed += n;
+            if (r->n_fed < r->n_tokens) continue; /* more prompt to go */
+            if (emit(s, r)) { /* finished; submit capped max_tokens to the context */
+                tmx_seq_free(r->seq);
+                r->seq = NULL;
+            }
+        }
+}
+
+/* Drops finished and cancelled requests from the running set (cancelled ones get ABORT). */
+static void reap(struct tmx_serve *s, struct request **gone) {
+    int kept = 0, n_gone = 0;
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; i < s->n_running; i++) {
+        struct request *r = s->running[i];
+        if (r->seq && !r->cancelled) s->running[kept++] = r;
+        else gone[n_gone++] = r;
+    }
+    s->n_running = kept;
+    pthread_mutex_unlock(&s->lock);
+    for (int i = 0; i < n_gone; i++) {
+        if (gone[i]->seq) finish(s, gone[i], TMX_FINISH_ABORT, NULL);
+        request_free(gone[i]);
+    }
+}
+
+static void *loop(void *arg) {
+    struct tmx_serve *s = arg;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        admit(s);
+        if (s->stopping) break;
+        if (s->n_running == 0) {
+            pthread_cond_wait(&s->wake, &s->lock);
+            continue;
+        }
+        pthread_mutex_unlock(&s->lock);
+        step(s);
+        reap(s, s->gone);
+        pthread_mutex_lock(&s->lock);
+    }
+    /* shutting down: everything still here is aborted */
+    struct request *w = s->wait_head;
+    s->wait_head = s->wait_tail = NULL;
+    s->n_waiting = 0;
+    pthread_mutex_unlock(&s->lock);
+    for (int i = 0; i < s->n_running; i++) {
+        if (s->running[i]->seq) finish(s, s->running[i], TMX_FINISH_ABORT, NULL);
+        request_free(s->running[i]);
+    }
+    s->n_running = 0;
+    while (w) {
+        struct request *next = w->next;
+        finish(s, w, TMX_FINISH_ABORT, NULL);
+        request_free(w);
+        w = next;
+    }
+    return NULL;
+}
+
+/* --- the public side ----------------------------------------------------------------------- */
+
+enum tmx_status tmx_serve_new(struct tmx_engine *e, struct tmx_serve **out, char **err) {
+    const struct tmx_config *cfg = tmx_engine_config(e);
+    struct tmx_serve *s = calloc(1, sizeof *s);
+    if (!s) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    s->e = e;
+    s->m = tmx_engine_model(e);
+    s->n_ctx = tmx_engine_n_ctx(e);
+    s->n_batch = (int)tmx_config_int(cfg, "batch");
+    s->max_running = (int)tmx_config_int(cfg, "max_running");
+    s->max_waiting = (int)tmx_config_int(cfg, "max_waiting");
+    s->vocab_size = tmx_model_cfg(s->m)->vocab_size;
+    s->n_vocab = tmx_engine_n_vocab(e);
+    s->next_id = 1;
+    s->running = calloc((size_t)s->max_running, sizeof *s->running);
+    s->gone = calloc((size_t)s->max_running, sizeof *s->gone);
+    s->logits = malloc((size_t)s->vocab_size * sizeof *s->logits);
+    s->work = malloc((size_t)s->vocab_size * sizeof *s->work);
+    s->counts = calloc((size_t)s->vocab_size, sizeof *s->counts);
+    if (!s->running || !s->gone || !s->logits || !s->work || !s->counts) {
+        tmx_serve_free(s);
+        return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    }
+    char *terr = NULL; /* no template is fine: chat requests get a clear 400 */
+    enum tmx_status st = tmx_chat_template_load(tmx_engine_model_dir(e), &s->chat, &s->special,
+                                                &terr);
+    if (st != TMX_OK && st != TMX_ERR_NOT_FOUND) {
+        tmx_serve_free(s);
+        return tmx_err(err, st, "%s", terr ? terr : "out of memory");
+    }
+    free(terr);
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->wake, NULL);
+    if (pthread_create(&s->thread, NULL, loop, s) != 0) {
+        pthread_mutex_destroy(&s->lock);
+        pthread_cond_destroy(&s->wake);
+        s->thread = 0;
+        tmx_serve_free(s);
+        return tmx_err(err, TMX_ERR_NOMEM, "cannot start the scheduler thread");
+    }
+    *out = s;
+    return TMX_OK;
+}
+
+void tmx_serve_free(struct tmx_serve *s) {
+    if (!s) return;
+    if (s->thread) {
+        pthread_mutex_lock(&s->lock);
+        s->stopping = 1;
+        pthread_cond_signal(&s->wake);
+        pthread_mutex_unlock(&s->lock);
+        pthread_join(s->thread, NULL);
+        pthread_mutex_destroy(&s->lock);
+        pthread_cond_destroy(&s->wake);
+    }
+    tmx_template_free(s->chat);
+    json_decref(s->special);
+    free(s->running);
+    free(s->gone);
+    free(s->logits);
+    free(s->work);
+    free(s->counts);
+    free(s);
+}
+
+/* Copies the params' arrays into one allocation the request owns; checks every field. */
+static enum tmx_status copy_params(const struct tmx_serve *s, const struct tmx_request_params *p,
+                                   struct request *r, char **err) {
+    if (p->n_prompt < 1 || !p->prompt)
+        return tmx_err(err, TMX_ERR_INVALID, "prompt: at least one token is required");
+    if (p->n_prompt >= s->n_ctx)
+        return tmx_err(err, TMX_ERR_INVALID,
+                       "prompt: %d tokens leave no room to generate in the context of %d",
+                       p->n_prompt, s->n_ctx);
+    if (p->max_tokens < 1)
+        return tmx_err(err, TMX_ERR_INVALID, "max_tokens: must be at least 1 (got %d)",
+                       p->max_tokens);
+    if (p->top_logprobs < -1 || p->top_logprobs > TMX_MAX_TOP_LOGPROBS)
+        return tmx_err(err, TMX_ERR_INVALID, "top_logprobs: must be 0..%d",
+                       TMX_MAX_TOP_LOGPROBS);
+    if (!(p->repetition_penalty > 0) || !isfinite(p->presence_penalty) ||
+        !isfinite(p->frequency_penalty))
+        return tmx_err(err, TMX_ERR_INVALID, "%s: must be finite%s",
+                       !(p->repetition_penalty > 0) ? "repetition_penalty" : "penalties",
+                       !(p->repetition_penalty > 0) ? " and > 0" : "");
+    for (int i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= s->n_vocab)
+            return tmx_err(err, TMX_ERR_INVALID, "prompt: token id %d is out of range [0, %d)",
+                           p->prompt[i], s->n_vocab);
+    for (int i = 0; i < p->n_bias; i++)
+        if (p->bias_ids[i] < 0 || p->bias_ids[i] >= s->n_vocab || !isfinite(p->bias_values[i]))
+            return tmx_err(err, TMX_ERR_INVALID, "logit_bias: token %d is out of range or its "
+                           "bias is not finite", p->bias_ids[i]);
+    r->p = *p;
+    r->p.max_tokens = p->max_tokens < s->n_ctx - p->n_prompt ? p->max_tokens
+                                                               : s->n_ctx - p->n_prompt;
+    const size_t nb = (size_t)p->n_bias, ns = (size_t)p->n_stop_ids;
+    char *m = malloc(nb * (sizeof(int32_t) + sizeof(float)) + ns * sizeof(int32_t) + 1);
+    r->tokens = malloc(((size_t)p->n_prompt + (size_t)r->p.max_tokens) * sizeof(int32_t));
+    if (!m || !r->tokens) {
+        free(m);
+        return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    }
+    r->owned = m;
+    r->p.bias_ids = memcpy(m, p->bias_ids ? (const void *)p->bias_ids : "", nb * 4);
+    r->p.bias_values = memcpy(m + nb * 4, p->bias_values ? (const void *)p->bias_values : "", nb * 4);
+    r->p.stop_ids = memcpy(m + nb * 8, p->stop_ids ? (const void *)p->stop_ids : "", ns * 4);
+    r->p.prompt = memcpy(r->tokens, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
+    r->n_tokens = p->n_prompt;
+    return TMX_OK;
+}
+
+enum tmx_status tmx_serve_submit(struct tmx_serve *s, const struct tmx_request_params *p,
+                                 tmx_token_cb cb, void *arg, uint64_t *id, char **err) {
+    struct request *r = calloc(1, sizeof *r);
+    if (!r) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    enum tmx_status st = copy_params(s, p, r, err);
+    if (st != TMX_OK) {
+        request_free(r);
+        return st;
+    }
+    r->cb = cb;
+    r->arg = arg;
+    r->t_submit = r->t_last = now();
+    pthread_mutex_lock(&s->lock);
+    if (s->n_waiting + s->n_running >= s->max_waiting + s->max_running) {
+        pthread_mutex_unlock(&s->lock);
+        request_free(r);
+        return tmx_err(err, TMX_ERR_BUSY, "the server is busy: %d requests wait (config key "
+                       "max_waiting); retry later", s->max_waiting);
+    }
+    r->id = *id = s->next_id++;
+    if (s->wait_tail) s->wait_tail->next = r;
+    else s->wait_head = r;
+    s->wait_tail = r;
+    s->n_waiting++;
+    s->metrics.prompt_tokens += (uint64_t)p->n_prompt;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->lock);
+    return TMX_OK;
+}
+
+void tmx_serve_cancel(struct tmx_serve *s, uint64_t id) {
+    pthread_mutex_lock(&s->lock);
+    /* a waiting request leaves the queue at once; a running one at the next step */
+    for (struct request **pp = &s->wait_head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next) {
+        struct request *r = *pp;
+        if (r->id != id) continue;
+        *pp = r->next;
+        if (s->wait_tail == r) s->wait_tail = prev;
+        s->n_waiting--;
+        pthread_mutex_unlock(&s->lock);
+        finish(s, r, TMX_FINISH_ABORT, NULL);
+        request_free(r);
+        return;
+    }
+    for (int i = 0; i < s->n_running; i++)
+        if (s->running[i]->id == id) s->running[i]->cancelled = 1;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void tmx_serve_metrics(struct tmx_serve *s, struct tmx_serve_metrics *m) {
+    pthread_mutex_lock(&s->lock);
+    *m = s->metrics;
+    m->running = s->n_running;
+    m->waiting = s->n_waiting;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* --- the table api plugins get ------------------------------------------------------------- */
+
+static enum tmx_status api_tokenize(struct tmx_serve *s, const char *text, size_t len,
+                                    int parse_special, int32_t **ids, size_t *n_ids, char **err) {
+    return tmx_tokenizer_encode(tmx_engine_tokenizer(s->e), text, len, parse_special, ids, n_ids,
+                                err);
+}
+
+static const char *api_token_bytes(struct tmx_serve *s, int32_t id, size_t *len) {
+    return id < s->n_vocab ? tmx_tokenizer_token_bytes(tmx_engine_tokenizer(s->e), id, len) : NULL;
+}
+
+static int32_t api_find_token(struct tmx_serve *s, const char *text) {
+    return tmx_tokenizer_find(tmx_engine_tokenizer(s->e), text);
+}
+
+static enum tmx_status api_chat_render(struct tmx_serve *s, const json_t *context, char **text,
+                                       size_t *len, char **err) {
+    if (!s->chat)
+        return tmx_err(err, TMX_ERR_NOT_FOUND, "the model in %s has no chat template "
+                       "(chat_template.jinja or tokenizer_config.json \"chat_template\")",
+                       tmx_engine_model_dir(s->e));
+    json_t *ctx = json_deep_copy(context);
+    if (!ctx) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    const char *key;
+    json_t *v;
+    json_object_foreach(s->special, key, v) if (!json_object_get(ctx, key))
+        json_object_set(ctx, key, v);
+    enum tmx_status st = tmx_template_render(s->chat, ctx, NULL, text, len, err);
+    json_decref(ctx);
+    return st;
+}
+
+void tmx_serve_table(struct tmx_serve *s, const char *model_name, struct tmx_serve_i *out) {
+    const struct tmx_model_config *c = tmx_model_cfg(s->m);
+    *out = (struct tmx_serve_i){
+        .struct_size = sizeof *out, .serve = s, .model_name = model_name,
+        .max_model_len = s->n_ctx, .n_vocab = s->n_vocab, .eos_ids = c->eos_token_ids,
+        .n_eos = c->n_eos, .bos_id = c->bos_token_id, .submit = tmx_serve_submit,
+        .cancel = tmx_serve_cancel, .metrics = tmx_serve_metrics, .tokenize = api_tokenize,
+        .token_bytes = api_token_bytes, .find_token = api_find_token,
+        .chat_render = api_chat_render, .release = free};
+}

@@ -1,0 +1,109 @@
+/* template-load.c: a model directory's chat template, found where transformers finds it:
+ * chat_template.jinja, else the "chat_template" of tokenizer_config.json. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "template-impl.h"
+
+/* Reads a whole file into a malloc'd buffer; TMX_ERR_NOT_FOUND when it does not exist. */
+static enum tmx_status read_file(const char *path, char **out, size_t *len, char **err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (errno == ENOENT) return TMX_ERR_NOT_FOUND;
+        return tmx_err(err, TMX_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    struct sbuf b = {0};
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) sb_put(&b, chunk, n);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || b.oom) {
+        free(b.p);
+        return bad ? tmx_err(err, TMX_ERR_IO, "%s: read failed", path)
+                   : tmx_err(err, TMX_ERR_NOMEM, "%s: out of memory", path);
+    }
+    *out = b.p ? b.p : calloc(1, 1);
+    *len = b.n;
+    return *out ? TMX_OK : tmx_err(err, TMX_ERR_NOMEM, "%s: out of memory", path);
+}
+
+/* bos_token / eos_token: a string, or an AddedToken object {"content": ...}. */
+static enum tmx_status special_tokens(const json_t *config, json_t *special) {
+    static const char *const keys[] = {"bos_token", "eos_token"};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(config, keys[i]);
+        if (json_is_object(v)) v = json_object_get(v, "content");
+        if (json_is_string(v) && json_object_set(special, keys[i], v)) return TMX_ERR_NOMEM;
+    }
+    return TMX_OK;
+}
+
+/* tokenizer_config.json's chat_template: a string, or [{"name", "template"}] (the "default"). */
+static const char *config_template(const json_t *config) {
+    json_t *ct = json_object_get(config, "chat_template"), *item;
+    size_t i;
+    if (json_is_string(ct)) return json_string_value(ct);
+    json_array_foreach(ct, i, item) {
+        json_t *name = json_object_get(item, "name"), *tmpl = json_object_get(item, "template");
+        if (json_is_string(name) && strcmp(json_string_value(name), "default") == 0 &&
+            json_is_string(tmpl))
+            return json_string_value(tmpl);
+    }
+    return NULL;
+}
+
+enum tmx_status tmx_chat_template_load(const char *model_dir, struct tmx_template **out,
+                                       json_t **special, char **err) {
+    size_t dn = strlen(model_dir) + 64;
+    char *jinja_path = malloc(dn), *config_path = malloc(dn);
+    json_t *config = NULL, *tokens = json_object();
+    char *src = NULL;
+    size_t len = 0;
+    enum tmx_status st = jinja_path && config_path && tokens ? TMX_OK : TMX_ERR_NOMEM;
+    if (st != TMX_OK) {
+        tmx_err(err, st, "%s: out of memory", model_dir);
+        goto done;
+    }
+    snprintf(jinja_path, dn, "%s/chat_template.jinja", model_dir);
+    snprintf(config_path, dn, "%s/tokenizer_config.json", model_dir);
+
+    json_error_t jerr;
+    config = json_load_file(config_path, 0, &jerr);
+    if (!config && json_error_code(&jerr) != json_error_cannot_open_file) {
+        st = tmx_err(err, TMX_ERR_INVALID, "%s:%d: %s", config_path, jerr.line, jerr.text);
+        goto done;
+    }
+    if (config && special_tokens(config, tokens) != TMX_OK) {
+        st = tmx_err(err, TMX_ERR_NOMEM, "%s: out of memory", config_path);
+        goto done;
+    }
+
+    st = read_file(jinja_path, &src, &len, err);
+    if (st == TMX_OK) {
+        st = tmx_template_parse(src, len, jinja_path, out, err);
+    } else if (st == TMX_ERR_NOT_FOUND) {
+        const char *text = config ? config_template(config) : NULL;
+        if (!text) {
+            st =
+                tmx_err(err, TMX_ERR_NOT_FOUND,
+                        "%s: no chat template (neither chat_template.jinja nor a \"chat_template\" "
+                        "in tokenizer_config.json)",
+                        model_dir);
+            goto done;
+        }
+        strcat(config_path, ":chat_template");
+        st = tmx_template_parse(text, strlen(text), config_path, out, err);
+    }
+    if (st == TMX_OK && special) *special = json_incref(tokens);
+
+done:
+    free(src);
+    free(jinja_path);
+    free(config_path);
+    json_decref(config);
+    json_decref(tokens);
+    return st;
+}

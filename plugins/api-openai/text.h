@@ -1,0 +1,69 @@
+/* text.h: the text side of the openai front end, free of sockets and of the engine, so that unit
+ * tests link it alone: growable byte buffers, a streaming UTF-8 repair, stop strings, and the
+ * tool-call formats that models write. */
+#ifndef TMX_API_OPENAI_TEXT_H
+#define TMX_API_OPENAI_TEXT_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A growable byte string, always NUL-terminated once non-empty. An allocation failure sets oom;
+ * later appends do nothing, so callers check oom once at the end. Zero-initialise before use. */
+struct buf {
+    char *p;
+    size_t n, cap;
+    int oom;
+};
+
+void buf_add(struct buf *b, const void *p, size_t n);
+void buf_adds(struct buf *b, const char *s);
+void buf_addf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void buf_clear(struct buf *b); /* n = 0, memory kept */
+void buf_free(struct buf *b);
+
+/* Streaming UTF-8 repair: bytes in, valid UTF-8 out. A sequence that may still complete is held
+ * back until the next push; each maximal invalid subpart becomes U+FFFD (as WHATWG decoders do),
+ * so no output chunk ever carries a broken sequence. Zero-initialise before the first push. */
+struct utf8_dec {
+    unsigned char pend[4];
+    int n, need;
+};
+
+void utf8_push(struct utf8_dec *d, const char *in, size_t n, struct buf *out);
+/* Ends the stream: a held incomplete sequence becomes U+FFFD. */
+void utf8_flush(struct utf8_dec *d, struct buf *out);
+
+/* Stop strings. text_find_any finds the earliest occurrence of any of the strings in
+ * text[0..n) that starts at or after `from`; returns its offset, or SIZE_MAX. */
+size_t text_find_any(const char *text, size_t n, size_t from, char *const *strs, int n_strs);
+/* The length of the longest suffix of text[0..n) that is a proper prefix of one of the strings:
+ * text a stream must hold back because the next token may complete a match. */
+size_t text_partial_suffix(const char *text, size_t n, char *const *strs, int n_strs);
+
+/* --- tool calls -----------------------------------------------------------------------------
+ * How a model family writes function calls into its output. The front end picks the format from
+ * the tokenizer's special tokens, holds back output from the first marker on, and parses it when
+ * the choice ends. */
+enum tool_format {
+    TOOL_FORMAT_NONE = 0,
+    TOOL_FORMAT_HERMES, /* Qwen 2.5/3, Hermes: <tool_call>{"name", "arguments"}</tool_call> */
+    TOOL_FORMAT_LLAMA3, /* Llama 3.1/3.2: a bare {"name", "parameters"} message, or after
+                           <|python_tag|>; several calls separated by ';' */
+};
+
+/* The strings that open a tool call in `format`'s output ({0}-terminated lists). For Llama 3 a
+ * '{' also opens one when it is the first non-space character of the message (tool_starts_at). */
+extern char *const tool_markers_hermes[];
+extern char *const tool_markers_llama3[];
+
+/* Where the tool calls of `text` (the output so far) begin: the first marker, or for Llama 3 a
+ * leading '{'. SIZE_MAX: none yet. *hold gets how many trailing bytes may still become one. */
+size_t tool_starts_at(enum tool_format format, const char *text, size_t n, size_t *hold);
+
+/* Parses text[0..n), which starts where tool_starts_at said, into a new JSON array of
+ * {"name": string, "arguments": string holding a JSON object}. NULL when the text is not a
+ * well-formed sequence of calls (the caller then returns it as plain content). */
+json_t *tool_calls_parse(enum tool_format format, const char *text, size_t n);
+
+#endif

@@ -1,0 +1,76 @@
+/* codec.h: the inference side of the TrellisMX codec plugins, trellis-e4m3 and trellis-fp4.
+ *
+ * Each plugin (plugin.c in plugins/codec-trellis-e4m3 and -fp4) is a descriptor whose struct
+ * tmx_codec_i points at the functions below; its init names which codec it is, and everything
+ * else is shared. The ops follow tmx/plugin.h: a ctx per init, a layer per layer_load; moe_experts and
+ * expert_decode run on host memory. Calls on one ctx come from one thread at a time (the model
+ * graph's); moe_experts spreads its work over the ctx's own threads.
+ *
+ * Options (the plugin's option table declares them; the core resolves them):
+ *   threads      int     worker threads, 0 = one per core (default: the core key `threads`)
+ *   activations  string  "serving": activations quantized as docs/trellismx.md §7 says (E4M3
+ *                        per token / NVFP4), the formats a GPU multiplies; "f32": unquantized
+ *                        F32 activations against the same weights. */
+#ifndef TMX_TRELLIS_CODEC_H
+#define TMX_TRELLIS_CODEC_H
+
+#include <stdint.h>
+
+#include "tmx/plugin.h"
+#include "trellis.h"
+
+/* The α tmx writes for law e2m1 (docs/trellismx.md §4.2). */
+#define TMX_TRELLIS_ALPHA 0.5625f
+
+/* The two codecs of docs/trellismx.md §0 and what each fixes in hf_quant_config.json. */
+enum tmx_trellis_codec_id { TMX_TRELLIS_CODEC_E4M3 = 0, TMX_TRELLIS_CODEC_FP4 = 1 };
+
+struct tmx_trellis_codec_spec {
+    const char *name;             /* "trellis-e4m3" / "trellis-fp4": the plugin's name */
+    enum tmx_trellis_law_id law;  /* e4m3 / e2m1 */
+    int block;                    /* inputs per block scale: 32 / 16 */
+    const char *activation;       /* "e4m3-token" / "nvfp4-token" */
+};
+
+const struct tmx_trellis_codec_spec *tmx_trellis_codec_spec(enum tmx_trellis_codec_id id);
+
+/* hf_quant_config.json of a build, checked against §10.4. */
+struct tmx_trellis_quant_config {
+    enum tmx_trellis_codec_id codec;
+    int bits;             /* K */
+    float alpha;          /* law e2m1's divisor; 1 for e4m3 */
+    int experts_per_file;
+};
+
+/* Reads and checks `path` for codec `want`: a missing field, a wrong type, a value outside
+ * §10.4's table, or another codec is an error naming the file and the field. */
+enum tmx_status tmx_trellis_quant_config_read(const char *path, enum tmx_trellis_codec_id want,
+                                              struct tmx_trellis_quant_config *out, char **err);
+
+/* --- struct tmx_codec_i ------------------------------------------------------------------- */
+
+enum tmx_status tmx_trellis_codec_init(const struct tmx_host *host, const struct tmx_opts *opts,
+                                       enum tmx_trellis_codec_id id, void **ctx, char **err);
+void tmx_trellis_codec_fini(void *ctx);
+/* Reads hf_quant_config.json, experts/layer-LLL-SSS-EEE.safetensors and
+ * coupled/layer-LLL.safetensors of info->model_dir (§10), checks every name, dtype, shape and
+ * metadata field, expands the block scales (CSF) and keeps the trellis words and sign vectors
+ * as views of the mmapped files. */
+enum tmx_status tmx_trellis_codec_layer_load(void *ctx, const struct tmx_codec_layer_info *info,
+                                             void **layer, char **err);
+void tmx_trellis_codec_layer_free(void *ctx, void *layer);
+/* tmx_kernels_i.moe_experts on host memory, in the rotated basis of §6. */
+enum tmx_status tmx_trellis_codec_moe_experts(void *ctx, void *layer, float *out, const float *z,
+                                              const int32_t *ids, const float *weights, int n,
+                                              int k, const struct tmx_tensor *post_norm,
+                                              float eps, char **err);
+/* W = diag(s_out) H (g B . C) H diag(s_in) of one projection (0 gate, 1 up, 2 down). */
+enum tmx_status tmx_trellis_codec_expert_decode(void *ctx, void *layer, int expert, int proj,
+                                                float *w, char **err);
+/* tmx quantize's ops: the encoder of encode.h and the codec's members of hf_quant_config.json,
+ * for this codec's law at α = TMX_TRELLIS_ALPHA. */
+enum tmx_status tmx_trellis_codec_layer_encode(void *ctx, const struct tmx_codec_encode_job *job,
+                                               char **err);
+int tmx_trellis_codec_quant_config(void *ctx, int bits, char *buf, size_t size);
+
+#endif

@@ -1,0 +1,184 @@
+"""The scheduler (core/serve.c) through ctypes: requests run concurrently must give exactly the
+tokens each gives alone, cancellation ends a request with ABORT, a full queue refuses with
+BUSY, logprobs are a distribution's, and bad parameters are named."""
+import ctypes as C
+import math
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from tmx_engine import Engine, TmxError, _check, lib
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+FINISH_NONE, FINISH_LENGTH, FINISH_STOP, FINISH_ABORT, FINISH_ERROR = range(5)
+ERR_BUSY = -8
+
+
+class SamplerParams(C.Structure):
+    _fields_ = [("temperature", C.c_float), ("top_k", C.c_int), ("top_p", C.c_float),
+                ("min_p", C.c_float), ("seed", C.c_uint64)]
+
+
+class RequestParams(C.Structure):
+    _fields_ = [("prompt", C.POINTER(C.c_int32)), ("n_prompt", C.c_int), ("max_tokens", C.c_int),
+                ("sampling", SamplerParams), ("presence_penalty", C.c_float),
+                ("frequency_penalty", C.c_float), ("repetition_penalty", C.c_float),
+                ("bias_ids", C.POINTER(C.c_int32)), ("bias_values", C.POINTER(C.c_float)),
+                ("n_bias", C.c_int), ("stop_ids", C.POINTER(C.c_int32)), ("n_stop_ids", C.c_int),
+                ("ignore_eos", C.c_int), ("top_logprobs", C.c_int)]
+
+
+class TokenEvent(C.Structure):
+    _fields_ = [("id", C.c_uint64), ("token", C.c_int32), ("logprob", C.c_float),
+                ("n_top", C.c_int), ("top_ids", C.POINTER(C.c_int32)),
+                ("top_logprobs", C.POINTER(C.c_float)), ("finish", C.c_int),
+                ("error", C.c_char_p), ("n_prompt", C.c_int), ("n_generated", C.c_int)]
+
+
+CALLBACK = C.CFUNCTYPE(None, C.c_void_p, C.POINTER(TokenEvent))
+
+
+class Server:
+    """A tmx_serve on an engine; collects every request's events."""
+
+    def __init__(self, engine):
+        L = lib()
+        L.tmx_serve_new.argtypes = [C.c_void_p, C.POINTER(C.c_void_p), C.POINTER(C.c_void_p)]
+        L.tmx_serve_free.argtypes = [C.c_void_p]
+        L.tmx_serve_submit.argtypes = [C.c_void_p, C.POINTER(RequestParams), CALLBACK, C.c_void_p,
+                                       C.POINTER(C.c_uint64), C.POINTER(C.c_void_p)]
+        L.tmx_serve_cancel.argtypes = [C.c_void_p, C.c_uint64]
+        self.handle, err = C.c_void_p(), C.c_void_p()
+        _check(L.tmx_serve_new(engine.handle, C.byref(self.handle), C.byref(err)), err)
+        self.events, self.done, self.lock = {}, {}, threading.Lock()
+        self.cb = CALLBACK(self._on_event)  # kept alive as long as the server
+
+    def _on_event(self, _arg, ev):
+        e = ev.contents
+        item = {"token": e.token, "finish": e.finish, "logprob": e.logprob,
+                "top": [(e.top_ids[i], e.top_logprobs[i]) for i in range(e.n_top)],
+                "error": e.error.decode() if e.error else None}
+        with self.lock:
+            self.events.setdefault(e.id, []).append(item)
+            if e.finish != FINISH_NONE:
+                self.done[e.id].set()
+
+    def submit(self, prompt, max_tokens, temperature=0.0, seed=0, top_logprobs=-1,
+               stop_ids=(), **penalties):
+        arr = (C.c_int32 * len(prompt))(*prompt)
+        stops = (C.c_int32 * max(1, len(stop_ids)))(*stop_ids)
+        p = RequestParams(prompt=arr, n_prompt=len(prompt), max_tokens=max_tokens,
+                          sampling=SamplerParams(temperature, 0, 1.0, 0.0, seed),
+                          repetition_penalty=penalties.get("repetition_penalty", 1.0),
+                          presence_penalty=penalties.get("presence_penalty", 0.0),
+                          stop_ids=stops, n_stop_ids=len(stop_ids), ignore_eos=1,
+                          top_logprobs=top_logprobs)
+        rid, err = C.c_uint64(), C.c_void_p()
+        with self.lock:  # the event may arrive before submit returns
+            status = lib().tmx_serve_submit(self.handle, C.byref(p), self.cb, None, C.byref(rid),
+                                            C.byref(err))
+            if status == 0:
+                self.done[rid.value] = threading.Event()
+        if status == ERR_BUSY:
+            lib().tmx_free(err)
+            return None
+        _check(status, err)
+        return rid.value
+
+    def wait(self, rid, timeout=120):
+        assert self.done[rid].wait(timeout), "request did not finish"
+        return self.events[rid]
+
+    def close(self):
+        lib().tmx_serve_free(self.handle)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("serve-tiny")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_tiny_model.py"), str(out)],
+                   check=True, capture_output=True)
+    return str(out)
+
+
+def tokens(events):
+    return [e["token"] for e in events if e["token"] >= 0]
+
+
+def test_concurrent_requests_match_single_sequences(tiny):
+    prompts = [[506] + list(range(60 + 7 * i, 90 + 9 * i)) for i in range(6)]
+    with Engine(tiny, ["threads=2", "max_running=4", "batch=16"]) as eng:
+        want = []
+        for p in prompts:
+            seq = eng.seq(n_ctx=eng_ctx(eng))
+            want.append(seq.greedy(p, 20))
+            seq.close()
+        srv = Server(eng)
+        ids = [srv.submit(p, 20) for p in prompts]
+        got = [tokens(srv.wait(r)) for r in ids]
+        assert all(srv.events[r][-1]["finish"] == FINISH_LENGTH for r in ids)
+        srv.close()
+    assert got == want
+
+
+def eng_ctx(eng):
+    return lib().tmx_engine_n_ctx(eng.handle)
+
+
+def test_stop_token_and_seeded_sampling(tiny):
+    with Engine(tiny, ["threads=1"]) as eng:
+        srv = Server(eng)
+        prompt = [506, 70, 71, 72, 73]
+        first = tokens(srv.wait(srv.submit(prompt, 8)))
+        r = srv.submit(prompt, 8, stop_ids=[first[2]])
+        ev = srv.wait(r)
+        assert tokens(ev) == first[:3] and ev[-1]["finish"] == FINISH_STOP
+        a = tokens(srv.wait(srv.submit(prompt, 16, temperature=1.0, seed=5)))
+        b = tokens(srv.wait(srv.submit(prompt, 16, temperature=1.0, seed=5)))
+        assert a == b
+        srv.close()
+
+
+def test_logprobs_are_log_probabilities(tiny):
+    with Engine(tiny, ["threads=1"]) as eng:
+        srv = Server(eng)
+        ev = srv.wait(srv.submit([506, 80, 81, 82], 4, top_logprobs=5))
+        for e in ev[:-1] if ev[-1]["token"] < 0 else ev:
+            top = e["top"]
+            assert len(top) == 5
+            assert top[0][0] == e["token"]  # greedy picks the most likely
+            assert abs(top[0][1] - e["logprob"]) < 1e-6
+            assert all(top[i][1] >= top[i + 1][1] for i in range(4))
+            assert sum(math.exp(lp) for _, lp in top) <= 1.0 + 1e-5
+        srv.close()
+
+
+def test_cancel_and_busy(tiny):
+    with Engine(tiny, ["threads=1", "max_running=1", "max_waiting=1"]) as eng:
+        srv = Server(eng)
+        long = srv.submit([506] + list(range(60, 100)), 900)
+        queued = srv.submit([506, 61, 62], 5)
+        assert srv.submit([506, 63], 5) is None  # one running, one waiting: full
+        lib().tmx_serve_cancel(srv.handle, queued)
+        assert srv.wait(queued)[-1]["finish"] == FINISH_ABORT
+        lib().tmx_serve_cancel(srv.handle, long)
+        ev = srv.wait(long)
+        assert ev[-1]["finish"] == FINISH_ABORT and len(tokens(ev)) < 900
+        srv.close()
+
+
+def test_bad_parameters_are_named(tiny):
+    with Engine(tiny, ["threads=1", "context=64"]) as eng:
+        srv = Server(eng)
+        with pytest.raises(TmxError, match="prompt"):
+            srv.submit([506] * 64, 4)
+        with pytest.raises(TmxError, match="max_tokens"):
+            srv.submit([506], 0)
+        with pytest.raises(TmxError, match="token id 99999"):
+            srv.submit([99999], 4)
+        with pytest.raises(TmxError, match="repetition_penalty"):
+            srv.submit([506], 4, repetition_penalty=0.0)
+        srv.close()
