@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,6 +128,7 @@ static void *serve(void *ctx) {
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
     for (int i = 0; i < 256; i++) bytes[i] = (char)i;
+    signal(SIGPIPE, SIG_IGN); /* as tmx serve: a client that hangs up is no crash */
     const struct tmx_api_i *api = tmx_plugin_entry(&host, NULL)->ops;
     void *ctx = NULL;
     char *err = NULL;
@@ -143,9 +145,19 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
+/* A connected socket. Loopback ports run out at this rate (TIME_WAIT): wait for one to free. */
+static int dial(void) {
+    for (int attempt = 0; attempt < 10000; attempt++) {
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&server, sizeof server) == 0) return fd;
+        if (fd >= 0) close(fd);
+        usleep(1000);
+    }
+    abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&server, sizeof server) != 0) abort();
+    const int fd = dial();
     for (size_t sent = 0; sent < size;) {
         const ssize_t n = send(fd, data + sent, size - sent, MSG_NOSIGNAL);
         if (n <= 0) break;

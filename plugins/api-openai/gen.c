@@ -184,7 +184,7 @@ static size_t choice_sendable(struct job *j, struct choice *ch) {
  * parse stay in the content. */
 static size_t choice_result(struct job *j, struct choice *ch, json_t **calls) {
     *calls = NULL;
-    choice_sendable(j, ch);
+    choice_sendable(j, ch); /* settles tool_at */
     if (ch->tool_at == SIZE_MAX) return ch->text.n;
     *calls = tool_calls_parse(j->api->tools, ch->text.p + ch->tool_at, ch->text.n - ch->tool_at);
     while (*calls && (int)json_array_size(*calls) > j->tool_calls)

@@ -33,6 +33,7 @@ struct conn {
     int keep_alive;
     int expect_continue; /* the client waits for "100 Continue" before its body */
     const char *allow;   /* with a 405: the method the path takes */
+    const char *method;  /* of the request being answered; NULL: it did not parse */
     struct buf url, body, field, value, auth;
     int in_value;   /* the last header callback was a value */
     struct buf pending; /* bytes not yet parsed */
@@ -122,13 +123,14 @@ static void on_timer(uv_timer_t *t);
 static void response_done(struct conn *c) {
     struct api *a = c->api;
     const double secs = (double)(uv_hrtime() - c->t_start) * 1e-9;
-    const char *method = http_method_str((enum http_method)c->parser.method);
+    const char *method = c->method ? c->method : "-", *url = c->method && c->url.p ? c->url.p : "-";
     if (c->n_prompt || c->n_completion)
-        a->host->log(TMX_LOG_INFO, "%s %s %s %d %.3fs prompt=%d completion=%d", c->peer, method,
-                     c->url.p ? c->url.p : "", c->status, secs, c->n_prompt, c->n_completion);
+        a->host->log(TMX_LOG_INFO, "%s %s %.200s %d %.3fs prompt=%d completion=%d", c->peer,
+                     method, url, c->status, secs, c->n_prompt, c->n_completion);
     else
-        a->host->log(TMX_LOG_INFO, "%s %s %s %d %.3fs", c->peer, method, c->url.p ? c->url.p : "",
-                     c->status, secs);
+        a->host->log(TMX_LOG_INFO, "%s %s %.200s %d %.3fs", c->peer, method, url, c->status,
+                     secs);
+    c->method = NULL;
     c->job = NULL;
     if (c->closed) return;
     if (!c->keep_alive || a->stopping) {
@@ -272,6 +274,7 @@ static int authorized(const struct conn *c) {
 /* A complete request is in c->url/body: answer it. */
 static void dispatch(struct conn *c) {
     c->state = CONN_BUSY;
+    c->method = http_method_str((enum http_method)c->parser.method);
     c->keep_alive = http_should_keep_alive(&c->parser) && !c->api->stopping;
     uv_timer_stop(&c->timer);
     struct http_parser_url u;

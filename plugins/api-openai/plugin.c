@@ -5,7 +5,8 @@
  * from any thread and from a signal handler (uv_async_send is async-signal-safe). On stop the
  * server closes its listener and idle connections, answers every request in flight with 503 (an
  * error event and [DONE] on streams) after cancelling it, and returns from run once the scheduler
- * has finished all of them: nothing of the plugin's is left in the scheduler afterwards.
+ * has finished all of them: nothing of the plugin's is left in the scheduler afterwards. The host
+ * ignores SIGPIPE (tmx serve does), so that a client that hangs up costs only its connection.
  *
  * /health answers 200 whenever the server accepts connections: `tmx serve` loads the model
  * before it starts the plugin, so there is no loading state to report with 503. */

@@ -535,6 +535,18 @@ def test_busy_and_cancel_on_disconnect(strict):
     while (running(strict) or aborted(strict) == before) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert running(strict) == 0 and aborted(strict) == before + 1
+    # the same for a request that does not stream: the closed socket is seen while it runs
+    body = json.dumps({"prompt": "x", "max_tokens": 2000, "ignore_eos": True})
+    s = socket.create_connection(("127.0.0.1", strict.port), timeout=30)
+    s.sendall((f"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    deadline = time.monotonic() + 30
+    while not running(strict) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    s.close()
+    while (running(strict) or aborted(strict) == before + 1) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running(strict) == 0 and aborted(strict) == before + 2
     r = client.completions.create(model="m", prompt="x", max_tokens=1)
     assert r.choices[0].finish_reason in ("length", "stop")
 

@@ -86,8 +86,9 @@ void tmx_serve_free(struct tmx_serve *s);
  * params (message names the parameter). On success *id identifies it. */
 enum tmx_status tmx_serve_submit(struct tmx_serve *s, const struct tmx_request_params *p,
                                  tmx_token_cb cb, void *arg, uint64_t *id, char **err);
-/* Aborts a request (queued or running) within one step; its last event is ABORT. Unknown or
- * finished ids are ignored. */
+/* Aborts a request (queued or running) within one step; its last event is ABORT. A queued
+ * request's ABORT event is delivered at once, on the caller's thread. Unknown or finished ids
+ * are ignored. */
 void tmx_serve_cancel(struct tmx_serve *s, uint64_t id);
 void tmx_serve_metrics(struct tmx_serve *s, struct tmx_serve_metrics *m);
 
