@@ -4,7 +4,6 @@
  * frame; `set` writes to the innermost one (so a set inside a loop is gone after it, which is
  * why templates use namespace()); names are looked up frame by frame, then in the context,
  * then among the globals. A macro's frame sits directly on the top-level frame. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,12 +30,14 @@ int tpl_fail(struct render *r, const struct srcpos *at, const char *fmt, ...) {
 }
 
 int tpl_oom(struct render *r) {
-    if (r->st == TMX_OK) r->st = tmx_err(&r->err, TMX_ERR_NOMEM, "%s: out of memory", r->t->name);
+    if (r->st == TMX_OK)
+        r->st = tmx_err(&r->err, TMX_ERR_NOMEM, "%s: out of memory, or a string over %u MiB",
+                        r->t->name, TPL_MAX_STRING >> 20);
     return -1;
 }
 
 /* An undefined value used where a real one is needed. */
-static int undefined_error(struct render *r, const struct srcpos *at, const struct val *v) {
+int tpl_undefined(struct render *r, const struct srcpos *at, const struct val *v) {
     if (v->name) return tpl_fail(r, at, "'%s' is undefined", v->name);
     return tpl_fail(r, at, "undefined value");
 }
@@ -117,250 +118,6 @@ static struct val lookup(struct render *r, struct frame *f, const char *name) {
     return val_undef(name);
 }
 
-/* --- attribute, item, slice ------------------------------------------------------------- */
-
-void tpl_getattr(const struct val *obj, const char *name, struct val *out) {
-    *out = val_undef(name);
-    if (obj->kind == V_NS) {
-        for (int i = 0; i < obj->ns->n; i++)
-            if (strcmp(obj->ns->vars[i].name, name) == 0) *out = val_dup(&obj->ns->vars[i].v);
-    } else if (val_is(obj, JSON_OBJECT)) {
-        json_t *j = json_object_get(obj->j, name);
-        if (j) *out = val_json(json_incref(j));
-    }
-}
-
-static int getitem(struct render *r, const struct val *obj, const struct val *key,
-                   struct val *out) {
-    *out = val_undef(NULL);
-    if (val_is(key, JSON_STRING)) return tpl_getattr(obj, json_string_value(key->j), out), 0;
-    if (!val_is(key, JSON_INTEGER) && !val_is(key, JSON_TRUE) && !val_is(key, JSON_FALSE)) return 0;
-    int64_t i = val_is(key, JSON_INTEGER) ? json_integer_value(key->j) : val_is(key, JSON_TRUE);
-    if (val_is(obj, JSON_ARRAY)) {
-        int64_t n = (int64_t)json_array_size(obj->j);
-        if (i < 0) i += n;
-        if (i >= 0 && i < n) *out = val_json(json_incref(json_array_get(obj->j, (size_t)i)));
-    } else if (val_is(obj, JSON_STRING)) {
-        const char *s = json_string_value(obj->j);
-        size_t nb = json_string_length(obj->j);
-        int64_t n = (int64_t)utf8_count(s, nb);
-        if (i < 0) i += n;
-        if (i >= 0 && i < n) {
-            size_t at = utf8_advance(s, nb, 0, (size_t)i), end = utf8_advance(s, nb, at, 1);
-            if (!(out->j = str_new(s + at, end - at))) return tpl_oom(r);
-            out->kind = V_JSON;
-        }
-    }
-    return 0;
-}
-
-/* Python's slice.indices() and length: bounds default to the ends the step walks from and
- * to, count from the end when negative, and are clamped. */
-static int slice_bounds(struct render *r, const struct srcpos *at, int64_t len,
-                        const struct val *bound[3], int64_t *start, int64_t *step, int64_t *count) {
-    int64_t v[3];
-    int given[3];
-    for (int k = 0; k < 3; k++) {
-        given[k] = bound[k]->kind != V_UNDEF && !val_is(bound[k], JSON_NULL);
-        if (given[k] && !val_is(bound[k], JSON_INTEGER))
-            return tpl_fail(r, at, "slice indices must be integers or None");
-        v[k] = given[k] ? json_integer_value(bound[k]->j) : 0;
-    }
-    int64_t st = given[2] ? v[2] : 1;
-    if (st == 0) return tpl_fail(r, at, "slice step cannot be zero");
-    if (st == INT64_MIN) st = -INT64_MAX;
-    int64_t lo = st < 0 ? -1 : 0, hi = st < 0 ? len - 1 : len;
-    int64_t b[2] = {st < 0 ? hi : lo, st < 0 ? lo : hi};
-    for (int k = 0; k < 2; k++) {
-        if (!given[k]) continue;
-        b[k] = v[k] < 0 ? v[k] + len : v[k];
-        b[k] = b[k] < lo ? lo : b[k] > hi ? hi : b[k];
-    }
-    *start = b[0], *step = st;
-    if (st > 0) *count = b[1] > b[0] ? (b[1] - b[0] - 1) / st + 1 : 0;
-    else *count = b[1] < b[0] ? (b[0] - b[1] - 1) / -st + 1 : 0;
-    return 0;
-}
-
-static int slice(struct render *r, const struct expr *e, const struct val *obj,
-                 const struct val *bound[3], struct val *out) {
-    int is_str = val_is(obj, JSON_STRING);
-    if (!is_str && !val_is(obj, JSON_ARRAY))
-        return tpl_fail(r, &e->at, "'%s' object is not subscriptable", val_type_name(obj));
-    const char *s = is_str ? json_string_value(obj->j) : NULL;
-    size_t nb = is_str ? json_string_length(obj->j) : 0;
-    size_t *offs = NULL; /* [len + 1] byte offset of each code point */
-    int64_t len = is_str ? (int64_t)utf8_count(s, nb) : (int64_t)json_array_size(obj->j);
-    int64_t start = 0, step = 1, count = 0;
-    if (slice_bounds(r, &e->at, len, bound, &start, &step, &count)) return -1;
-    if (is_str) {
-        if (!(offs = malloc(((size_t)len + 1) * sizeof *offs))) return tpl_oom(r);
-        for (size_t i = 0, at = 0; i <= (size_t)len; i++, at = utf8_advance(s, nb, at, 1))
-            offs[i] = at;
-        struct sbuf b = {0};
-        for (int64_t k = 0, i = start; k < count; k++, i += step)
-            sb_put(&b, s + offs[i], offs[i + 1] - offs[i]);
-        free(offs);
-        *out = val_json(str_from_sbuf(&b));
-    } else {
-        json_t *list = json_array();
-        for (int64_t k = 0, i = start; list && k < count; k++, i += step)
-            if (json_array_append(list, json_array_get(obj->j, (size_t)i)))
-                json_decref(list), list = NULL;
-        *out = val_json(list);
-    }
-    return out->j ? 0 : tpl_oom(r);
-}
-
-/* --- operators -------------------------------------------------------------------------- */
-
-static int is_int(const struct val *v) {
-    return val_is(v, JSON_INTEGER) || val_is(v, JSON_TRUE) || val_is(v, JSON_FALSE);
-}
-
-static int64_t int_of(const struct val *v) {
-    return val_is(v, JSON_INTEGER) ? (int64_t)json_integer_value(v->j) : val_is(v, JSON_TRUE);
-}
-
-/* s * k or list * k. */
-static int repeat(struct render *r, const struct srcpos *at, const struct val *seq, int64_t k,
-                  struct val *out) {
-    if (val_is(seq, JSON_STRING)) {
-        size_t n = json_string_length(seq->j);
-        if (k > 0 && n > 0 && (uint64_t)k > TPL_MAX_STRING / n)
-            return tpl_fail(r, at, "string too long");
-        struct sbuf b = {0};
-        for (int64_t i = 0; i < k; i++) sb_put(&b, json_string_value(seq->j), n);
-        *out = val_json(str_from_sbuf(&b));
-    } else {
-        size_t n = json_array_size(seq->j);
-        if (k > 0 && n > 0 && (uint64_t)k > TPL_MAX_RANGE / n)
-            return tpl_fail(r, at, "list too long");
-        json_t *list = json_array();
-        for (int64_t i = 0; list && i < k; i++)
-            if (json_array_extend(list, seq->j)) json_decref(list), list = NULL;
-        *out = val_json(list);
-    }
-    return out->j ? 0 : tpl_oom(r);
-}
-
-static int arith(struct render *r, const struct expr *e, const struct val *a, const struct val *b,
-                 struct val *out) {
-    static const char *const sym[] = {
-        [OP_ADD] = "+",       [OP_SUB] = "-", [OP_MUL] = "*", [OP_DIV] = "/",
-        [OP_FLOORDIV] = "//", [OP_MOD] = "%", [OP_POW] = "**"};
-    enum tpl_op op = e->op;
-    if (a->kind == V_UNDEF) return undefined_error(r, &e->at, a);
-    if (b->kind == V_UNDEF) return undefined_error(r, &e->at, b);
-    if (val_is_number(a) && val_is_number(b)) {
-        if (is_int(a) && is_int(b) && op != OP_DIV && !(op == OP_POW && int_of(b) < 0)) {
-            int64_t x = int_of(a), y = int_of(b), z = 0;
-            int overflow = 0;
-            switch (op) {
-            case OP_ADD: overflow = __builtin_add_overflow(x, y, &z); break;
-            case OP_SUB: overflow = __builtin_sub_overflow(x, y, &z); break;
-            case OP_MUL: overflow = __builtin_mul_overflow(x, y, &z); break;
-            case OP_FLOORDIV: case OP_MOD:
-                if (y == 0) return tpl_fail(r, &e->at, "integer division or modulo by zero");
-                if (x == INT64_MIN && y == -1) { overflow = 1; break; }
-                z = op == OP_FLOORDIV ? x / y - ((x % y != 0) && ((x < 0) != (y < 0)))
-                                      : x % y + ((x % y != 0) && ((x < 0) != (y < 0)) ? y : 0);
-                break;
-            default: /* OP_POW, y >= 0 */
-                z = 1;
-                for (int64_t i = 0; i < y && !overflow; i++)
-                    overflow = __builtin_mul_overflow(z, x, &z);
-            }
-            if (overflow) return tpl_fail(r, &e->at, "integer overflow");
-            *out = val_json(json_integer(z));
-        } else {
-            double x = val_number(a), y = val_number(b), z;
-            if (y == 0 && (op == OP_DIV || op == OP_FLOORDIV || op == OP_MOD))
-                return tpl_fail(r, &e->at, "division by zero");
-            switch (op) {
-            case OP_ADD: z = x + y; break;
-            case OP_SUB: z = x - y; break;
-            case OP_MUL: z = x * y; break;
-            case OP_DIV: z = x / y; break;
-            case OP_FLOORDIV: z = floor(x / y); break;
-            case OP_MOD: z = fmod(x, y); if (z != 0 && (z < 0) != (y < 0)) z += y; break;
-            default: z = pow(x, y);
-            }
-            if (!isfinite(z)) return tpl_fail(r, &e->at, "float result out of range");
-            *out = val_json(json_real(z));
-        }
-        return out->j ? 0 : tpl_oom(r);
-    }
-    if (op == OP_ADD && ((val_is(a, JSON_STRING) && val_is(b, JSON_STRING)) ||
-                         (val_is(a, JSON_ARRAY) && val_is(b, JSON_ARRAY)))) {
-        if (val_is(a, JSON_ARRAY)) {
-            json_t *list = json_copy(a->j);
-            if (list && json_array_extend(list, b->j)) json_decref(list), list = NULL;
-            *out = val_json(list);
-        } else {
-            struct sbuf s = {0};
-            sb_put(&s, json_string_value(a->j), json_string_length(a->j));
-            sb_put(&s, json_string_value(b->j), json_string_length(b->j));
-            *out = val_json(str_from_sbuf(&s));
-        }
-        return out->j ? 0 : tpl_oom(r);
-    }
-    if (op == OP_MUL && (val_is(a, JSON_STRING) || val_is(a, JSON_ARRAY)) && is_int(b))
-        return repeat(r, &e->at, a, int_of(b), out);
-    if (op == OP_MUL && (val_is(b, JSON_STRING) || val_is(b, JSON_ARRAY)) && is_int(a))
-        return repeat(r, &e->at, b, int_of(a), out);
-    if (op == OP_MOD && val_is(a, JSON_STRING))
-        return tpl_fail(r, &e->at, "string formatting with %% is not supported");
-    return tpl_fail(r, &e->at, "unsupported operand type(s) for %s: '%s' and '%s'", sym[op],
-                    val_type_name(a), val_type_name(b));
-}
-
-static int contains(struct render *r, const struct srcpos *at, const struct val *hay,
-                    const struct val *needle, int *result) {
-    *result = 0;
-    if (hay->kind == V_UNDEF) return 0;
-    if (val_is(hay, JSON_STRING)) {
-        if (!val_is(needle, JSON_STRING))
-            return tpl_fail(r, at, "'in <string>' requires string as left operand, not %s",
-                            val_type_name(needle));
-        size_t n = json_string_length(needle->j);
-        *result = n == 0 || memmem(json_string_value(hay->j), json_string_length(hay->j),
-                                   json_string_value(needle->j), n) != NULL;
-        return 0;
-    }
-    if (val_is(hay, JSON_ARRAY)) {
-        if (needle->kind != V_JSON) return 0;
-        for (size_t i = 0; i < json_array_size(hay->j) && !*result; i++)
-            *result = json_eq(json_array_get(hay->j, i), needle->j);
-        return 0;
-    }
-    if (val_is(hay, JSON_OBJECT)) {
-        *result =
-            val_is(needle, JSON_STRING) && json_object_get(hay->j, json_string_value(needle->j));
-        return 0;
-    }
-    return tpl_fail(r, at, "argument of type '%s' is not iterable", val_type_name(hay));
-}
-
-static int compare(struct render *r, const struct srcpos *at, enum tpl_op op, const struct val *a,
-                   const struct val *b, int *result) {
-    static const char *const sym[] = {[OP_LT] = "<", [OP_LE] = "<=", [OP_GT] = ">", [OP_GE] = ">="};
-    int less;
-    switch (op) {
-    case OP_EQ: *result = val_eq(a, b); return 0;
-    case OP_NE: *result = !val_eq(a, b); return 0;
-    case OP_IN: return contains(r, at, b, a, result);
-    case OP_NOTIN: if (contains(r, at, b, a, result)) return -1; *result = !*result; return 0;
-    default: break;
-    }
-    const struct val *x = op == OP_GT || op == OP_LE ? b : a, *y = x == a ? b : a;
-    if (val_less(x, y, &less))
-        return tpl_fail(r, at, "'%s' not supported between instances of '%s' and '%s'", sym[op],
-                        val_type_name(a), val_type_name(b));
-    *result = op == OP_LT || op == OP_GT ? less : !less; /* a <= b is not (b < a) */
-    return 0;
-}
-
 /* --- calls ------------------------------------------------------------------------------ */
 
 static void argv_drop(struct argv *a) {
@@ -396,6 +153,7 @@ static int call_macro(struct render *r, const struct srcpos *at, const struct st
                             m->name, a->kw_names[k]);
     }
     if (r->depth >= TPL_MAX_CALL_DEPTH) return tpl_fail(r, at, "macro calls nested too deeply");
+    if (++r->steps > TPL_MAX_STEPS) return tpl_fail(r, at, "template runs too long");
     struct frame mf = {.parent = r->top};
     int rc = 0;
     for (int i = 0; i < m->n_names && rc == 0; i++) {
@@ -419,7 +177,7 @@ static int call(struct render *r, const struct srcpos *at, const struct val *fn,
                 struct val *out) {
     if (fn->kind == V_MACRO) return call_macro(r, at, fn->macro, a, out);
     if (fn->kind == V_FUNC) return tpl_global(r, at, fn->fn, a, out);
-    if (fn->kind == V_UNDEF) return undefined_error(r, at, fn);
+    if (fn->kind == V_UNDEF) return tpl_undefined(r, at, fn);
     return tpl_fail(r, at, "'%s' object is not callable", val_type_name(fn));
 }
 
@@ -437,7 +195,7 @@ static int eval_call(struct render *r, struct frame *f, const struct expr *e, st
     rc = eval_args(r, f, &e->args, &a);
     if (rc == 0) {
         if (e->a->kind == X_ATTR && obj.kind != V_NS) {
-            if (obj.kind == V_UNDEF) rc = undefined_error(r, &e->at, &obj);
+            if (obj.kind == V_UNDEF) rc = tpl_undefined(r, &e->at, &obj);
             else rc = tpl_method(r, &e->at, &obj, e->a->name, &a, out);
         } else {
             rc = call(r, &e->at, &callee, &a, out);
@@ -485,7 +243,7 @@ static int eval_compare(struct render *r, struct frame *f, const struct expr *e,
     if (eval(r, f, e->a, &a)) return -1;
     for (int i = 0; i < e->n && result; i++) {
         if (eval(r, f, e->items[i], &b)) return val_drop(&a), -1;
-        int rc = compare(r, &e->items[i]->at, e->ops[i], &a, &b, &result);
+        int rc = tpl_compare(r, &e->items[i]->at, e->ops[i], &a, &b, &result);
         val_drop(&a);
         a = b;
         if (rc) return val_drop(&a), -1;
@@ -529,7 +287,7 @@ static int eval(struct render *r, struct frame *f, const struct expr *e, struct 
     case X_ITEM:
         if (eval(r, f, e->a, &a)) return -1;
         if (eval(r, f, e->b, &b)) return val_drop(&a), -1;
-        rc = getitem(r, &a, &b, out);
+        rc = tpl_getitem(r, &a, &b, out);
         val_drop(&a), val_drop(&b);
         return rc;
     case X_SLICE: {
@@ -539,7 +297,7 @@ static int eval(struct render *r, struct frame *f, const struct expr *e, struct 
         if (eval(r, f, e->a, &a)) return -1;
         for (int k = 0; k < 3 && rc == 0; k++)
             if (parts[k]) rc = eval(r, f, parts[k], &bound[k]);
-        if (rc == 0) rc = slice(r, e, &a, bp, out);
+        if (rc == 0) rc = tpl_slice(r, &e->at, &a, bp, out);
         for (int k = 0; k < 3; k++) val_drop(&bound[k]);
         val_drop(&a);
         return rc;
@@ -553,19 +311,9 @@ static int eval(struct render *r, struct frame *f, const struct expr *e, struct 
         return 0;
     case X_NEG: case X_POS:
         if (eval(r, f, e->a, &a)) return -1;
-        if (!val_is_number(&a)) {
-            rc = a.kind == V_UNDEF ? undefined_error(r, &e->at, &a)
-                                   : tpl_fail(r, &e->at, "bad operand type for unary %c: '%s'",
-                                              e->kind == X_NEG ? '-' : '+', val_type_name(&a));
-        } else if (is_int(&a)) {
-            int64_t x = int_of(&a);
-            if (e->kind == X_NEG && x == INT64_MIN) rc = tpl_fail(r, &e->at, "integer overflow");
-            else *out = val_json(json_integer(e->kind == X_NEG ? -x : x));
-        } else {
-            *out = val_json(json_real(e->kind == X_NEG ? -val_number(&a) : val_number(&a)));
-        }
+        rc = tpl_unary(r, &e->at, e->kind == X_NEG, &a, out);
         val_drop(&a);
-        return rc || out->j ? rc : tpl_oom(r);
+        return rc;
     case X_BINARY:
         if (eval(r, f, e->a, &a)) return -1;
         if (eval(r, f, e->b, &b)) return val_drop(&a), -1;
@@ -575,7 +323,7 @@ static int eval(struct render *r, struct frame *f, const struct expr *e, struct 
             *out = val_json(str_from_sbuf(&s));
             rc = out->j ? 0 : tpl_oom(r);
         } else {
-            rc = arith(r, e, &a, &b, out);
+            rc = tpl_arith(r, &e->at, e->op, &a, &b, out);
         }
         val_drop(&a), val_drop(&b);
         return rc;
@@ -610,7 +358,8 @@ static int bind(struct render *r, struct frame *f, const struct stmt *s, const s
 
 /* What a loop or a filter walks: a list's items, a dict's keys, a string's characters;
  * nothing for undefined. A new list, or NULL (failed, with the error set). */
-json_t *tpl_items(struct render *r, const struct srcpos *at, const char *what, const struct val *v) {
+json_t *tpl_items(struct render *r, const struct srcpos *at, const char *what,
+                  const struct val *v) {
     json_t *items = NULL;
     if (v->kind == V_UNDEF) items = json_array();
     else if (val_is(v, JSON_ARRAY)) items = json_incref(v->j);
@@ -664,12 +413,20 @@ static enum flow run_for(struct render *r, struct frame *f, const struct stmt *s
     }
     size_t n = items ? json_array_size(items) : 0;
     for (size_t i = 0; i < n && fl != F_ERROR; i++) {
+        if (++r->steps > TPL_MAX_STEPS) {
+            fl = F_ERROR, tpl_fail(r, &s->at, "template runs too long");
+            break;
+        }
         struct val item = val_json(json_incref(json_array_get(items, i)));
-        json_t *loop = loop_object(items, i);
         frame_clear(&lf);
-        if (!loop) fl = F_ERROR, tpl_oom(r);
-        else if (bind(r, &lf, s, &item) || frame_set(r, &lf, "loop", val_json(loop))) fl = F_ERROR;
-        else fl = run_body(r, &lf, &s->body, out);
+        if (bind(r, &lf, s, &item)) {
+            fl = F_ERROR;
+        } else {
+            json_t *loop = loop_object(items, i);
+            if (!loop) fl = F_ERROR, tpl_oom(r);
+            else if (frame_set(r, &lf, "loop", val_json(loop))) fl = F_ERROR;
+            else fl = run_body(r, &lf, &s->body, out);
+        }
         val_drop(&item);
         if (fl == F_BREAK) break;
         if (fl == F_CONTINUE) fl = F_NEXT;

@@ -1,6 +1,7 @@
-/* template-filter.c: Jinja's filters (`x | name(args)`) and tests (`x is name args`), with the
- * arguments and edge cases of jinja2 3.1 and transformers' tojson. Filters that take a string
- * turn their operand into one first (none|trim is "None"), as Jinja does. */
+/* template-filter.c: Jinja's filters, `x | name(args)`, with the arguments and edge cases of
+ * jinja2 3.1, and transformers' tojson. Filters that take a string turn their operand into one
+ * first (none|trim is "None"), as Jinja does. Where Jinja returns a generator (map, select...)
+ * these return a list. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -97,7 +98,7 @@ static int keyed_order(const void *pa, const void *pb, void *pctx) {
     return a->order < b->order ? -1 : a->order > b->order;
 }
 
-/* items sorted by key (attr: an attribute path; pair >= 0: that element of each item). */
+/* items sorted by their key: the item, or its attribute path attr. */
 static int sort_items(struct render *r, const struct srcpos *at, const char *name, json_t *items,
                       const struct val *attr, int case_sensitive, int reverse, struct val *out) {
     size_t n = json_array_size(items);
@@ -172,7 +173,9 @@ static int flag(const struct val *v, int dflt) { return v ? val_truthy(v) : dflt
 static int f_abs(struct render *r, const struct srcpos *at, const struct val *a, struct argv *args,
                  struct val *out) {
     (void)args;
-    if (val_is(a, JSON_INTEGER) && json_integer_value(a->j) > INT64_MIN)
+    if (val_is(a, JSON_INTEGER) && json_integer_value(a->j) == INT64_MIN)
+        return tpl_fail(r, at, "abs: integer overflow");
+    if (val_is(a, JSON_INTEGER))
         return ret_json(r, json_integer(llabs(json_integer_value(a->j))), out);
     if (val_is(a, JSON_REAL)) return ret_json(r, json_real(fabs(json_real_value(a->j))), out);
     if (val_is_number(a)) return ret_json(r, json_integer(val_is(a, JSON_TRUE)), out);
@@ -302,13 +305,13 @@ static int f_last(struct render *r, const struct srcpos *at, const struct val *a
 static int parse_number(const json_t *s, int as_int, int base, int64_t *i, double *f) {
     char buf[128];
     size_t n = json_string_length(s);
-    if (n >= sizeof buf) return -1;
+    if (n >= sizeof buf || (as_int && base != 0 && (base < 2 || base > 36))) return -1;
     const char *p = json_string_value(s), *end;
     size_t k = 0;
     for (size_t j = 0; j < n; j++)
         if (p[j] != '_') buf[k++] = p[j];
     buf[k] = 0;
-    char *stop;
+    char *stop = buf;
     errno = 0;
     if (as_int) *i = strtoll(buf, &stop, base);
     else *f = strtod(buf, &stop);

@@ -4,7 +4,9 @@
  *   template-value.c   values and Python's rules for them (truth, equality, order, str, repr)
  *   template-json.c    Python's json.dumps and float repr
  *   template-eval.c    statements, expressions and scopes
- *   template-filter.c  filters and tests
+ *   template-ops.c     operators: . [] slices, arithmetic, comparison, membership
+ *   template-filter.c  filters
+ *   template-test.c    tests (`x is defined`)
  *   template-method.c  string and dict methods, global functions
  *   template-load.c    finding a model's chat template */
 #ifndef TMX_TEMPLATE_IMPL_H
@@ -21,9 +23,10 @@
 
 /* Guards against inputs that would exhaust the stack or memory: Jinja's sandbox caps range()
  * the same way; the rest bound what a hostile template or request can ask for. */
-#define TPL_MAX_NESTING 200        /* parser: nested expressions and blocks */
-#define TPL_MAX_CALL_DEPTH 200     /* evaluator: nested macro calls */
+#define TPL_MAX_NESTING 100        /* parser: nested expressions, nested blocks */
+#define TPL_MAX_CALL_DEPTH 64      /* evaluator: nested macro calls */
 #define TPL_MAX_RANGE 100000       /* items of one range() */
+#define TPL_MAX_STEPS 1000000      /* loop iterations and macro calls in one render */
 #define TPL_MAX_STRING (64u << 20) /* bytes of one string, and of the output */
 
 /* --- memory ----------------------------------------------------------------------------- */
@@ -34,7 +37,8 @@ struct tpl_arena {
     struct tpl_chunk *head;
 };
 
-/* Growable byte string; an allocation failure sets oom and later appends do nothing. */
+/* Growable byte string. A failed allocation, or growth past TPL_MAX_STRING, sets oom; later
+ * appends then do nothing. */
 struct sbuf {
     char *p;
     size_t n, cap;
@@ -181,11 +185,11 @@ struct ns;
 
 struct val {
     enum val_kind kind;
-    json_t *j;
-    struct ns *ns;
-    const struct stmt *macro;
-    enum tpl_fn fn;
-    const char *name;
+    json_t *j;                /* V_JSON */
+    struct ns *ns;            /* V_NS */
+    const struct stmt *macro; /* V_MACRO: its S_MACRO statement */
+    enum tpl_fn fn;           /* V_FUNC */
+    const char *name;         /* V_UNDEF: the name looked up, or NULL */
 };
 
 struct var {
@@ -195,7 +199,7 @@ struct var {
 
 /* A namespace's attributes; names are owned. */
 struct ns {
-    struct ns *next; /* the render's list of namespaces */
+    struct ns *next;  /* the render's list of namespaces */
     struct var *vars; /* [n] */
     int n, cap;
 };
@@ -216,13 +220,15 @@ struct argv {
     int n_kw;
 };
 
+/* One render in progress. */
 struct render {
     const struct tmx_template *t;
     const json_t *context;
     struct tm now;
     struct frame *top; /* the template-level frame */
     struct ns *namespaces;
-    int depth; /* macro calls in progress */
+    int depth;  /* macro calls in progress */
+    long steps; /* loop iterations and macro calls so far */
     enum tmx_status st;
     char *err;
 };
@@ -254,7 +260,7 @@ struct val val_undef(const char *name);
 struct val val_json(json_t *j); /* takes the reference; NULL (allocation failed) stays NULL */
 struct val val_dup(const struct val *v);
 void val_drop(struct val *v);
-int val_is(const struct val *v, json_type type);
+int val_is(const struct val *v, json_type type); /* v may be NULL (a missing argument) */
 int val_truthy(const struct val *v);
 const char *val_type_name(const struct val *v);
 int val_is_number(const struct val *v); /* int, float or bool */
@@ -292,8 +298,21 @@ void float_repr(struct sbuf *b, double x);
 /* Evaluator entry points used by filters and methods. */
 struct ns *ns_new(struct render *r); /* owned by the render */
 int ns_set(struct render *r, struct ns *ns, const char *name, struct val v); /* takes v */
-/* obj.name: a dict key or a namespace attribute; undefined when there is none. */
+/* An undefined value used where a real one is needed: fails with its name. */
+int tpl_undefined(struct render *r, const struct srcpos *at, const struct val *v);
+
+/* Operators (template-ops.c). obj.name is a dict key or a namespace attribute, obj[key] an
+ * item; both are undefined when missing. bound[3] are a slice's start, stop and step. */
 void tpl_getattr(const struct val *obj, const char *name, struct val *out);
+int tpl_getitem(struct render *r, const struct val *obj, const struct val *key, struct val *out);
+int tpl_slice(struct render *r, const struct srcpos *at, const struct val *obj,
+              const struct val *bound[3], struct val *out);
+int tpl_unary(struct render *r, const struct srcpos *at, int negate, const struct val *a,
+              struct val *out); /* -a, +a */
+int tpl_arith(struct render *r, const struct srcpos *at, enum tpl_op op, const struct val *a,
+              const struct val *b, struct val *out); /* + - * / // % ** */
+int tpl_compare(struct render *r, const struct srcpos *at, enum tpl_op op, const struct val *a,
+                const struct val *b, int *result); /* == != < <= > >= in, not in */
 
 /* Filters and tests by name: a is the operand (borrowed), args evaluated. */
 int tpl_filter(struct render *r, const struct srcpos *at, const char *name, const struct val *a,

@@ -252,6 +252,7 @@ static enum tmx_status lex_tag(struct lexer *lx, int block) {
         }
         struct token *tk = emit(lx, T_OP, at);
         if (!tk) return TMX_ERR_NOMEM;
+        tk->s = s + at; /* operators keep their text, for messages */
         enum tmx_status st = TMX_OK;
         if (is_digit(c)) {
             st = lex_number(lx, tk);
@@ -269,7 +270,7 @@ static enum tmx_status lex_tag(struct lexer *lx, int block) {
             size_t k = 0;
             while (k < sizeof ops / sizeof ops[0] && !starts(lx, ops[k].text)) k++;
             if (k == sizeof ops / sizeof ops[0]) return lex_fail(lx, at, "unexpected character");
-            tk->op = ops[k].op;
+            tk->op = ops[k].op, tk->n = strlen(ops[k].text);
             if (c == '(' || c == '[' || c == '{') {
                 if (depth == TPL_MAX_NESTING) return lex_fail(lx, at, "brackets nested too deeply");
                 open[depth++] = c == '(' ? ')' : c == '[' ? ']' : '}';

@@ -235,118 +235,165 @@ static int affix(const json_t *s, const json_t *fix, int end) {
            memcmp(json_string_value(s) + (end ? n - k : 0), json_string_value(fix), k) == 0;
 }
 
-static int str_method(struct render *r, const struct srcpos *at, const json_t *s, const char *name,
-                      struct argv *a, struct val *out) {
-    static const char *const p_chars[] = {"chars"}, *const p_split[] = {"sep", "maxsplit"},
-                             *const p_rep[] = {"old", "new", "count"}, *const p_x[] = {"x"};
-    const struct val *x = argv_get(a, 0, NULL), *y = argv_get(a, 1, NULL);
+/* The methods of str: each gets its arguments checked against the table below. */
+typedef int method_fn(struct render *r, const struct srcpos *at, const char *name, const json_t *s,
+                      struct argv *a, struct val *out);
+
+static int m_strip(struct render *r, const struct srcpos *at, const char *name, const json_t *s,
+                   struct argv *a, struct val *out) {
+    const struct val *chars = argv_get(a, 0, "chars");
+    if (chars && !val_is(chars, JSON_STRING) && !val_is(chars, JSON_NULL))
+        return tpl_fail(r, at, "%s arg must be None or str", name);
+    int left = name[0] != 'r', right = name[0] != 'l';
+    return ret_json(r, str_strip(s, val_is(chars, JSON_STRING) ? chars->j : NULL, left, right),
+                    out);
+}
+
+static int m_split(struct render *r, const struct srcpos *at, const char *name, const json_t *s,
+                   struct argv *a, struct val *out) {
+    const struct val *sep = argv_get(a, 0, "sep"), *max = argv_get(a, 1, "maxsplit");
+    if (sep && !val_is(sep, JSON_STRING) && !val_is(sep, JSON_NULL))
+        return tpl_fail(r, at, "%s: sep must be None or str", name);
+    if (val_is(sep, JSON_STRING) && json_string_length(sep->j) == 0)
+        return tpl_fail(r, at, "%s: empty separator", name);
+    int64_t k = max && val_is(max, JSON_INTEGER) ? json_integer_value(max->j) : -1;
+    json_t *parts = str_split(s, val_is(sep, JSON_STRING) ? sep->j : NULL, k, name[0] == 'r');
+    return ret_json(r, parts, out);
+}
+
+/* startswith / endswith, with a string or a tuple of strings. */
+static int m_affix(struct render *r, const struct srcpos *at, const char *name, const json_t *s,
+                   struct argv *a, struct val *out) {
+    const struct val *x = argv_get(a, 0, "prefix");
+    int end = name[0] == 'e', hit = 0;
+    if (val_is(x, JSON_STRING)) {
+        hit = affix(s, x->j, end);
+    } else if (val_is(x, JSON_ARRAY)) {
+        for (size_t i = 0; i < json_array_size(x->j) && !hit; i++) {
+            json_t *item = json_array_get(x->j, i);
+            hit = json_is_string(item) && affix(s, item, end);
+        }
+    } else {
+        return tpl_fail(r, at, "%s first arg must be str or a tuple of str", name);
+    }
+    return ret_json(r, json_boolean(hit), out);
+}
+
+static int m_replace(struct render *r, const struct srcpos *at, const char *name, const json_t *s,
+                     struct argv *a, struct val *out) {
+    const struct val *old = argv_get(a, 0, "old"), *rep = argv_get(a, 1, "new");
+    const struct val *count = argv_get(a, 2, "count");
+    if (!val_is(old, JSON_STRING) || !val_is(rep, JSON_STRING))
+        return tpl_fail(r, at, "%s needs two strings", name);
+    int64_t k = count && val_is(count, JSON_INTEGER) ? json_integer_value(count->j) : -1;
+    return ret_json(r, str_replace(s, old->j, rep->j, k), out);
+}
+
+static int m_case(struct render *r, const struct srcpos *at, const char *name, const json_t *s,
+                  struct argv *a, struct val *out) {
+    (void)at, (void)a;
+    int mode = name[0] == 't' ? 't' : name[0] == 'c' ? 'c' : name[0] == 'u' ? 'u' : 'l';
+    return ret_json(r, str_case(s, mode), out);
+}
+
+static int m_splitlines(struct render *r, const struct srcpos *at, const char *name,
+                        const json_t *s, struct argv *a, struct val *out) {
+    (void)at, (void)name, (void)a;
+    return ret_json(r, str_splitlines(json_string_value(s), json_string_length(s)), out);
+}
+
+/* find (code point index of the first match, or -1) and count (matches that do not overlap). */
+static int m_find(struct render *r, const struct srcpos *at, const char *name, const json_t *s,
+                  struct argv *a, struct val *out) {
+    const struct val *x = argv_get(a, 0, "sub");
+    if (!val_is(x, JSON_STRING)) return tpl_fail(r, at, "%s needs a string", name);
+    const char *p = json_string_value(s), *sub = json_string_value(x->j);
+    size_t n = json_string_length(s), k = json_string_length(x->j);
+    int64_t found = -1, count = 0;
+    if (k == 0) found = 0, count = (int64_t)utf8_count(p, n) + 1; /* between every character */
+    for (const char *hit = p; k && (hit = memmem(hit, n - (size_t)(hit - p), sub, k)); hit += k) {
+        if (found < 0) found = (int64_t)utf8_count(p, (size_t)(hit - p));
+        count++;
+    }
+    return ret_json(r, json_integer(name[0] == 'f' ? found : count), out);
+}
+
+static int m_join(struct render *r, const struct srcpos *at, const char *name, const json_t *s,
+                  struct argv *a, struct val *out) {
+    const struct val *x = argv_get(a, 0, "iterable");
+    if (!val_is(x, JSON_ARRAY)) return tpl_fail(r, at, "%s needs a list of strings", name);
+    struct sbuf b = {0};
+    for (size_t i = 0; i < json_array_size(x->j); i++) {
+        json_t *item = json_array_get(x->j, i);
+        if (!json_is_string(item))
+            return free(b.p), tpl_fail(r, at, "%s: item %zu is not a string", name, i);
+        if (i) sb_put(&b, json_string_value(s), json_string_length(s));
+        sb_put(&b, json_string_value(item), json_string_length(item));
+    }
+    return ret_json(r, str_from_sbuf(&b), out);
+}
+
+/* isdigit, isspace, isalpha, isalnum (non-empty, every character qualifies), islower, isupper
+ * (some cased character, none of the other case); letters and digits are ASCII ones. */
+static int m_is(struct render *r, const struct srcpos *at, const char *name, const json_t *s,
+                struct argv *a, struct val *out) {
+    (void)at, (void)a;
     const char *p = json_string_value(s);
     size_t n = json_string_length(s);
-#define IS(m) (strcmp(name, m) == 0)
-    if (IS("strip") || IS("lstrip") || IS("rstrip")) {
-        if (argv_check(r, at, name, a, p_chars, 1)) return -1;
-        x = argv_get(a, 0, "chars");
-        if (x && !val_is(x, JSON_STRING) && !val_is(x, JSON_NULL))
-            return tpl_fail(r, at, "%s arg must be None or str", name);
-        return ret_json(
-            r,
-            str_strip(s, x && val_is(x, JSON_STRING) ? x->j : NULL, !IS("rstrip"), !IS("lstrip")),
-            out);
+    int all = n > 0, lower = 0, upper = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t c = utf8_decode(p, n, &i);
+        int digit = c >= '0' && c <= '9', alpha = (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
+        lower |= c >= 'a' && c <= 'z', upper |= c >= 'A' && c <= 'Z';
+        if (strcmp(name, "isdigit") == 0) all &= digit;
+        else if (strcmp(name, "isspace") == 0) all &= py_isspace(c);
+        else if (strcmp(name, "isalpha") == 0) all &= alpha;
+        else if (strcmp(name, "isalnum") == 0) all &= alpha || digit;
     }
-    if (IS("split") || IS("rsplit")) {
-        if (argv_check(r, at, name, a, p_split, 2)) return -1;
-        x = argv_get(a, 0, "sep"), y = argv_get(a, 1, "maxsplit");
-        if (x && !val_is(x, JSON_STRING) && !val_is(x, JSON_NULL))
-            return tpl_fail(r, at, "%s: sep must be None or str", name);
-        if (x && val_is(x, JSON_STRING) && json_string_length(x->j) == 0)
-            return tpl_fail(r, at, "empty separator");
-        int64_t max = y && val_is(y, JSON_INTEGER) ? json_integer_value(y->j) : -1;
-        return ret_json(
-            r, str_split(s, x && val_is(x, JSON_STRING) ? x->j : NULL, max, IS("rsplit")), out);
+    if (strcmp(name, "islower") == 0) all = lower && !upper;
+    if (strcmp(name, "isupper") == 0) all = upper && !lower;
+    return ret_json(r, json_boolean(all), out);
+}
+
+static const struct method {
+    const char *name;
+    method_fn *fn;
+    const char *params[3];
+} str_methods[] = {
+    {"strip", m_strip, {"chars"}},
+    {"lstrip", m_strip, {"chars"}},
+    {"rstrip", m_strip, {"chars"}},
+    {"split", m_split, {"sep", "maxsplit"}},
+    {"rsplit", m_split, {"sep", "maxsplit"}},
+    {"startswith", m_affix, {"prefix"}},
+    {"endswith", m_affix, {"suffix"}},
+    {"replace", m_replace, {"old", "new", "count"}},
+    {"upper", m_case, {0}},
+    {"lower", m_case, {0}},
+    {"title", m_case, {0}},
+    {"capitalize", m_case, {0}},
+    {"splitlines", m_splitlines, {0}},
+    {"find", m_find, {"sub"}},
+    {"count", m_find, {"sub"}},
+    {"join", m_join, {"iterable"}},
+    {"isdigit", m_is, {0}},
+    {"isspace", m_is, {0}},
+    {"isalpha", m_is, {0}},
+    {"isalnum", m_is, {0}},
+    {"islower", m_is, {0}},
+    {"isupper", m_is, {0}},
+};
+
+static int str_method(struct render *r, const struct srcpos *at, const json_t *s, const char *name,
+                      struct argv *a, struct val *out) {
+    for (size_t i = 0; i < sizeof str_methods / sizeof str_methods[0]; i++) {
+        const struct method *m = &str_methods[i];
+        if (strcmp(m->name, name) != 0) continue;
+        int n = 0;
+        while (n < 3 && m->params[n]) n++;
+        if (argv_check(r, at, name, a, m->params, n)) return -1;
+        return m->fn(r, at, name, s, a, out);
     }
-    if (IS("startswith") || IS("endswith")) {
-        if (argv_check(r, at, name, a, p_x, 1) || !x)
-            return x ? -1 : tpl_fail(r, at, "%s needs an argument", name);
-        int hit = 0;
-        if (val_is(x, JSON_STRING)) hit = affix(s, x->j, IS("endswith"));
-        else if (val_is(x, JSON_ARRAY))
-            for (size_t i = 0; i < json_array_size(x->j) && !hit; i++)
-                hit = json_is_string(json_array_get(x->j, i)) &&
-                      affix(s, json_array_get(x->j, i), IS("endswith"));
-        else return tpl_fail(r, at, "%s first arg must be str or a tuple of str", name);
-        return ret_json(r, json_boolean(hit), out);
-    }
-    if (IS("replace")) {
-        if (argv_check(r, at, name, a, p_rep, 3)) return -1;
-        x = argv_get(a, 0, "old"), y = argv_get(a, 1, "new");
-        const struct val *c = argv_get(a, 2, "count");
-        if (!x || !y || !val_is(x, JSON_STRING) || !val_is(y, JSON_STRING))
-            return tpl_fail(r, at, "replace needs two strings");
-        return ret_json(r,
-                        str_replace(s, x->j, y->j,
-                                    c && val_is(c, JSON_INTEGER) ? json_integer_value(c->j) : -1),
-                        out);
-    }
-    if (IS("upper") || IS("lower") || IS("title") || IS("capitalize")) {
-        if (argv_check(r, at, name, a, NULL, 0)) return -1;
-        return ret_json(r,
-                        str_case(s, IS("upper")   ? 'u'
-                                    : IS("lower") ? 'l'
-                                    : IS("title") ? 't'
-                                                  : 'c'),
-                        out);
-    }
-    if (IS("splitlines")) {
-        if (argv_check(r, at, name, a, NULL, 0)) return -1;
-        return ret_json(r, str_splitlines(p, n), out);
-    }
-    if (IS("find") || IS("count")) {
-        if (argv_check(r, at, name, a, p_x, 1) || !x || !val_is(x, JSON_STRING))
-            return r->st ? -1 : tpl_fail(r, at, "%s needs a string", name);
-        const char *sub = json_string_value(x->j);
-        size_t k = json_string_length(x->j);
-        int64_t found = -1, count = 0;
-        for (size_t i = 0; i + k <= n;) {
-            const char *hit = memmem(p + i, n - i, sub, k);
-            if (!hit) break;
-            if (found < 0) found = (int64_t)utf8_count(p, (size_t)(hit - p));
-            count++;
-            i = (size_t)(hit - p) + (k ? k : 1);
-        }
-        if (k == 0) count = (int64_t)utf8_count(p, n) + 1;
-        return ret_json(r, json_integer(IS("find") ? found : count), out);
-    }
-    if (IS("join")) {
-        if (argv_check(r, at, name, a, p_x, 1) || !x || !val_is(x, JSON_ARRAY))
-            return r->st ? -1 : tpl_fail(r, at, "join needs a list of strings");
-        struct sbuf b = {0};
-        for (size_t i = 0; i < json_array_size(x->j); i++) {
-            json_t *item = json_array_get(x->j, i);
-            if (!json_is_string(item))
-                return free(b.p), tpl_fail(r, at, "join: item %zu is not a string", i);
-            if (i) sb_put(&b, p, n);
-            sb_put(&b, json_string_value(item), json_string_length(item));
-        }
-        return ret_json(r, str_from_sbuf(&b), out);
-    }
-    if (IS("isdigit") || IS("isspace") || IS("isalpha") || IS("isalnum") || IS("islower") ||
-        IS("isupper")) {
-        if (argv_check(r, at, name, a, NULL, 0)) return -1;
-        int all = n > 0, lower = 0, upper = 0;
-        for (size_t i = 0; i < n;) {
-            uint32_t c = utf8_decode(p, n, &i);
-            int digit = c >= '0' && c <= '9', alpha = (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
-            lower |= c >= 'a' && c <= 'z', upper |= c >= 'A' && c <= 'Z';
-            if (IS("isdigit")) all &= digit;
-            else if (IS("isspace")) all &= py_isspace(c);
-            else if (IS("isalpha")) all &= alpha;
-            else if (IS("isalnum")) all &= alpha || digit;
-        }
-        if (IS("islower")) all = lower && !upper;
-        if (IS("isupper")) all = upper && !lower;
-        return ret_json(r, json_boolean(all), out);
-    }
-#undef IS
     return tpl_fail(r, at, "'str' object has no method '%s'", name);
 }
 

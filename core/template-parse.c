@@ -4,6 +4,7 @@
  *   ·  * / // %  ·  ** (left-associative, as in Jinja)  ·  unary - +  ·  . [] ()
  *   ·  | filter and `is` test (these bind to the primary: "a" + b|tojson filters b only).
  * Every node and string lives in the template's arena. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,9 +13,9 @@
 struct parser {
     struct tmx_template *t;
     const struct token *tk; /* the current token */
-    int depth;              /* nesting of expressions and blocks */
+    int depth;              /* nesting of expressions */
     int loops;              /* enclosing for loops (for break / continue) */
-    int blocks;             /* enclosing blocks of any kind (macros only at 0) */
+    int blocks;             /* enclosing bodies: 1 at the top level, where macros go */
     enum tmx_status st;
     char **err;
 };
@@ -93,7 +94,8 @@ static int skip_name(struct parser *p, const char *name) {
     return 1;
 }
 
-static const char *describe(const struct token *tk) {
+/* A token for messages: its text for names and operators, its kind otherwise. */
+static const char *describe(const struct token *tk, char buf[48]) {
     switch (tk->kind) {
     case T_EOF: return "end of template";
     case T_TEXT: return "text";
@@ -101,17 +103,18 @@ static const char *describe(const struct token *tk) {
     case T_PRINT_END: return "'}}'";
     case T_BLOCK_BEGIN: return "'{%'";
     case T_BLOCK_END: return "'%}'";
-    case T_NAME: return "name";
     case T_STRING: return "string";
     case T_INT: case T_FLOAT: return "number";
-    case T_OP: return "operator";
+    case T_NAME: case T_OP: break;
     }
-    return "token";
+    snprintf(buf, 48, "'%.*s'", tk->n < 40 ? (int)tk->n : 40, tk->s ? tk->s : "");
+    return buf;
 }
 
 static int expect_op(struct parser *p, enum tpl_op op, const char *text) {
     if (skip_op(p, op)) return 0;
-    p_fail(p, &p->tk->at, "expected '%s', got %s", text, describe(p->tk));
+    char buf[48];
+    p_fail(p, &p->tk->at, "expected '%s', got %s", text, describe(p->tk, buf));
     return -1;
 }
 
@@ -121,13 +124,15 @@ static int expect_kind(struct parser *p, enum tok_kind kind) {
         return 0;
     }
     struct token want = {.kind = kind};
-    p_fail(p, &p->tk->at, "expected %s, got %s", describe(&want), describe(p->tk));
+    char buf[48], buf2[48];
+    p_fail(p, &p->tk->at, "expected %s, got %s", describe(&want, buf2), describe(p->tk, buf));
     return -1;
 }
 
 static const char *expect_ident(struct parser *p) {
+    char buf[48];
     if (p->tk->kind != T_NAME)
-        return p_fail(p, &p->tk->at, "expected a name, got %s", describe(p->tk));
+        return p_fail(p, &p->tk->at, "expected a name, got %s", describe(p->tk, buf));
     const char *s = tpl_strndup(&p->t->arena, p->tk->s, p->tk->n);
     if (!s) return p_oom(p);
     p->tk++;
@@ -169,7 +174,15 @@ static struct expr *binary(struct parser *p, enum expr_kind kind, enum tpl_op op
     return e;
 }
 
-/* (args): positional expressions, then or among them name=expr. The '(' is current. */
+/* One more level of nesting in the tree being built. The evaluator recurses along the tree,
+ * so its depth is bounded here, left-leaning chains (a + b + c, a.b.c, a|f|g) included. */
+static int nest(struct parser *p, const struct srcpos *at) {
+    if (++p->depth <= TPL_MAX_NESTING) return 0;
+    p_fail(p, at, "expression nested too deeply");
+    return -1;
+}
+
+/* (args): expressions and name=expr pairs. The '(' is current. */
 static int parse_call_args(struct parser *p, struct args *out) {
     struct vec pos = {0}, names = {0}, kw = {0};
     int rc = 0;
@@ -216,8 +229,11 @@ static struct expr *parse_subscript(struct parser *p, struct expr *obj, const st
 }
 
 static struct expr *parse_postfix(struct parser *p, struct expr *e) {
+    int depth = p->depth;
     while (e) {
         struct srcpos at = p->tk->at;
+        if ((is_op(p, OP_DOT) || is_op(p, OP_LBRACKET) || is_op(p, OP_LPAREN)) && nest(p, &at))
+            return NULL;
         if (skip_op(p, OP_DOT)) {
             if (p->tk->kind == T_INT) { /* a.0 is a[0] */
                 struct expr *index = new_const(p, &p->tk->at, json_integer(p->tk->i));
@@ -239,6 +255,7 @@ static struct expr *parse_postfix(struct parser *p, struct expr *e) {
             break;
         }
     }
+    p->depth = depth;
     return e;
 }
 
@@ -262,8 +279,11 @@ static struct expr *parse_primary(struct parser *p);
 
 /* `| name(args)` and `is [not] name args` after an operand, any number of times. */
 static struct expr *parse_filters(struct parser *p, struct expr *e) {
+    int depth = p->depth;
     while (e) {
         struct srcpos at = p->tk->at;
+        if ((is_op(p, OP_PIPE) || is_name(p, "is") || is_op(p, OP_LPAREN)) && nest(p, &at))
+            return NULL;
         if (skip_op(p, OP_PIPE)) {
             struct expr *f = new_expr(p, X_FILTER, &at);
             if (!f || !(f->name = parse_dotted(p))) return NULL;
@@ -297,6 +317,7 @@ static struct expr *parse_filters(struct parser *p, struct expr *e) {
             break;
         }
     }
+    p->depth = depth;
     return e;
 }
 
@@ -379,12 +400,13 @@ static struct expr *parse_primary(struct parser *p) {
         break;
     default: break;
     }
-    return p_fail(p, &at, "unexpected %s", describe(tk));
+    char buf[48];
+    return p_fail(p, &at, "unexpected %s", describe(tk, buf));
 }
 
 static struct expr *parse_unary(struct parser *p, int with_filters) {
     struct srcpos at = p->tk->at;
-    if (++p->depth > TPL_MAX_NESTING) return p_fail(p, &at, "expression nested too deeply");
+    if (nest(p, &at)) return NULL;
     struct expr *e;
     if (is_op(p, OP_SUB) || is_op(p, OP_ADD)) {
         enum expr_kind kind = is_op(p, OP_SUB) ? X_NEG : X_POS;
@@ -402,41 +424,49 @@ static struct expr *parse_unary(struct parser *p, int with_filters) {
 }
 
 static struct expr *parse_pow(struct parser *p) {
+    int depth = p->depth;
     struct expr *e = parse_unary(p, 1);
     while (e && is_op(p, OP_POW)) {
         struct srcpos at = p->tk++->at;
-        e = binary(p, X_BINARY, OP_POW, &at, e, parse_unary(p, 1));
+        e = nest(p, &at) ? NULL : binary(p, X_BINARY, OP_POW, &at, e, parse_unary(p, 1));
     }
+    p->depth = depth;
     return e;
 }
 
 static struct expr *parse_math2(struct parser *p) {
+    int depth = p->depth;
     struct expr *e = parse_pow(p);
     while (e &&
            (is_op(p, OP_MUL) || is_op(p, OP_DIV) || is_op(p, OP_FLOORDIV) || is_op(p, OP_MOD))) {
         enum tpl_op op = p->tk->op;
         struct srcpos at = p->tk++->at;
-        e = binary(p, X_BINARY, op, &at, e, parse_pow(p));
+        e = nest(p, &at) ? NULL : binary(p, X_BINARY, op, &at, e, parse_pow(p));
     }
+    p->depth = depth;
     return e;
 }
 
 static struct expr *parse_concat(struct parser *p) {
+    int depth = p->depth;
     struct expr *e = parse_math2(p);
     while (e && is_op(p, OP_TILDE)) {
         struct srcpos at = p->tk++->at;
-        e = binary(p, X_BINARY, OP_TILDE, &at, e, parse_math2(p));
+        e = nest(p, &at) ? NULL : binary(p, X_BINARY, OP_TILDE, &at, e, parse_math2(p));
     }
+    p->depth = depth;
     return e;
 }
 
 static struct expr *parse_math1(struct parser *p) {
+    int depth = p->depth;
     struct expr *e = parse_concat(p);
     while (e && (is_op(p, OP_ADD) || is_op(p, OP_SUB))) {
         enum tpl_op op = p->tk->op;
         struct srcpos at = p->tk++->at;
-        e = binary(p, X_BINARY, op, &at, e, parse_concat(p));
+        e = nest(p, &at) ? NULL : binary(p, X_BINARY, op, &at, e, parse_concat(p));
     }
+    p->depth = depth;
     return e;
 }
 
@@ -473,7 +503,7 @@ static struct expr *parse_compare(struct parser *p) {
 static struct expr *parse_not(struct parser *p) {
     struct srcpos at = p->tk->at;
     if (!skip_name(p, "not")) return parse_compare(p);
-    if (++p->depth > TPL_MAX_NESTING) return p_fail(p, &at, "expression nested too deeply");
+    if (nest(p, &at)) return NULL;
     struct expr *a = parse_not(p);
     p->depth--;
     struct expr *e = a ? new_expr(p, X_NOT, &at) : NULL;
@@ -482,34 +512,40 @@ static struct expr *parse_not(struct parser *p) {
 }
 
 static struct expr *parse_and(struct parser *p) {
+    int depth = p->depth;
     struct expr *e = parse_not(p);
     while (e && is_name(p, "and")) {
         struct srcpos at = p->tk++->at;
-        e = binary(p, X_AND, 0, &at, e, parse_not(p));
+        e = nest(p, &at) ? NULL : binary(p, X_AND, 0, &at, e, parse_not(p));
     }
+    p->depth = depth;
     return e;
 }
 
 static struct expr *parse_or(struct parser *p) {
+    int depth = p->depth;
     struct expr *e = parse_and(p);
     while (e && is_name(p, "or")) {
         struct srcpos at = p->tk++->at;
-        e = binary(p, X_OR, 0, &at, e, parse_and(p));
+        e = nest(p, &at) ? NULL : binary(p, X_OR, 0, &at, e, parse_and(p));
     }
+    p->depth = depth;
     return e;
 }
 
 /* a if cond else b; without else the value is undefined when cond is false. */
 static struct expr *parse_expr(struct parser *p) {
+    int depth = p->depth;
     struct expr *e = parse_or(p);
     while (e && is_name(p, "if")) {
         struct srcpos at = p->tk++->at;
         struct expr *cond = parse_or(p), *other = NULL;
-        if (cond && skip_name(p, "else") && !(other = parse_expr(p))) return NULL;
+        if (cond && skip_name(p, "else") && (nest(p, &at) || !(other = parse_expr(p)))) return NULL;
         struct expr *c = cond ? new_expr(p, X_COND, &at) : NULL;
         if (c) c->a = cond, c->b = e, c->c = other;
         e = c;
     }
+    p->depth = depth;
     return e;
 }
 
@@ -562,7 +598,9 @@ static struct stmt *parse_if(struct parser *p, const struct srcpos *at) {
     int end = parse_body(p, &s->body, ends, 3);
     if (end == 0) { /* elif: an if nested in else */
         struct srcpos elif_at = p->tk[-1].at;
+        if (++p->blocks > TPL_MAX_NESTING) return p_fail(p, &elif_at, "blocks nested too deeply");
         struct stmt *nested = parse_if(p, &elif_at);
+        p->blocks--;
         struct stmt **v = nested ? p_new(p, sizeof *v) : NULL;
         if (!v) return NULL;
         v[0] = nested, s->other.v = v, s->other.n = 1;
@@ -696,7 +734,8 @@ static int parse_body(struct parser *p, struct body *out, const char *const *end
             }
             s = parse_block(p, &stmts);
         } else {
-            p_fail(p, &tk->at, "unexpected %s", describe(tk));
+            char buf[48];
+            p_fail(p, &tk->at, "unexpected %s", describe(tk, buf));
         }
         if (s && p->st == TMX_OK) vec_push(p, &stmts, s);
     }

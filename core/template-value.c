@@ -176,7 +176,7 @@ void val_drop(struct val *v) {
 }
 
 int val_is(const struct val *v, json_type type) {
-    return v->kind == V_JSON && json_typeof(v->j) == type;
+    return v && v->kind == V_JSON && json_typeof(v->j) == type;
 }
 
 int val_is_number(const struct val *v) {

@@ -141,51 +141,73 @@ def parts(text):
     return [{"type": "text", "text": text}]
 
 
+def user(content):
+    return {"role": "user", "content": content}
+
+
+def assistant(content, **fields):
+    return {"role": "assistant", "content": content, **fields}
+
+
+def calls(*tool_calls, **fields):
+    """An assistant turn of tool calls; content only if given (some templates test for it)."""
+    return {"role": "assistant", **fields, "tool_calls": list(tool_calls)}
+
+
+def tool(content, **fields):
+    return {"role": "tool", **fields, "content": content}
+
+
+# Per template: the special tokens its tokenizer_config.json defines, and its cases as
+# (name, messages, add_generation_prompt, extra keyword arguments). Cases named error_* must
+# make the template raise.
 FAMILIES = {
     "meta-llama-Llama-3.1-8B-Instruct.jinja": {
         "tokens": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
         "cases": base_cases() + tool_cases("dict") + [
-            ("tools_in_system", [SYSTEM, USER], True, {"tools": TOOLS, "tools_in_user_message": False}),
-            ("builtin_tools", [SYSTEM, USER, {"role": "assistant", "content": None, "tool_calls": [
-                tool_call({"query": "weather Paris"}, name="brave_search")]},
-                {"role": "ipython", "content": "Sunny."}], True,
+            ("tools_in_system", [SYSTEM, USER], True,
+             {"tools": TOOLS, "tools_in_user_message": False}),
+            ("builtin_tools", [SYSTEM, USER, calls(tool_call({"query": "weather Paris"},
+                                                             name="brave_search"), content=None),
+                               {"role": "ipython", "content": "Sunny."}], True,
              {"builtin_tools": ["brave_search", "wolfram_alpha", "code_interpreter"]}),
             ("date_string", [USER], True, {"date_string": "01 Jan 2025"}),
-            ("error_two_tool_calls", [USER, {"role": "assistant", "tool_calls": [
-                tool_call({"city": "Paris"}), tool_call({"city": "Rome"})]}], True, {"tools": TOOLS}),
+            ("error_two_tool_calls", [USER, calls(tool_call({"city": "Paris"}),
+                                                  tool_call({"city": "Rome"}))], True,
+             {"tools": TOOLS}),
         ],
     },
     "Qwen-Qwen2.5-7B-Instruct.jinja": {
         "tokens": {"eos_token": "<|im_end|>"},
         "cases": base_cases() + tool_cases("dict") + [
             ("tools_without_system", [USER], True, {"tools": TOOLS}),
-            ("two_tool_results", [USER, {"role": "assistant", "content": "", "tool_calls": [
-                tool_call({"city": "Paris"}), tool_call({"city": "Rome"})]},
-                {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "rainy"}], True,
-             {"tools": TOOLS}),
+            ("two_tool_results", [USER, calls(tool_call({"city": "Paris"}),
+                                              tool_call({"city": "Rome"}), content=""),
+                                  tool("sunny"), tool("rainy")], True, {"tools": TOOLS}),
         ],
     },
     "Qwen-Qwen3-0.6B.jinja": {
         "tokens": {"eos_token": "<|im_end|>"},
         "cases": base_cases() + tool_cases("dict", content="") + [
-            ("think_in_content", [USER, {"role": "assistant", "content":
-                "<think>\nThe user asks about France.\n</think>\n\nParis."}, USER2], True, {}),
-            ("think_last_turn", [USER, {"role": "assistant", "content":
-                "<think>\nEasy.\n</think>\n\nParis."}], False, {}),
-            ("reasoning_content", [USER, {"role": "assistant", "content": "Paris.",
-                                          "reasoning_content": "France's capital is Paris."}], False, {}),
+            ("think_in_content",
+             [USER, assistant("<think>\nThe user asks about France.\n</think>\n\nParis."), USER2],
+             True, {}),
+            ("think_last_turn", [USER, assistant("<think>\nEasy.\n</think>\n\nParis.")], False, {}),
+            ("reasoning_content",
+             [USER, assistant("Paris.", reasoning_content="France's capital is Paris.")],
+             False, {}),
             ("enable_thinking_false", [USER], True, {"enable_thinking": False}),
-            ("string_arguments", tool_conversation("string", content="Checking."), False, {"tools": TOOLS}),
-            ("tool_response_as_user", [USER, {"role": "user", "content":
-                "<tool_response>\nsunny\n</tool_response>"}], True, {}),
+            ("string_arguments", tool_conversation("string", content="Checking."), False,
+             {"tools": TOOLS}),
+            ("tool_response_as_user", [USER, user("<tool_response>\nsunny\n</tool_response>")],
+             True, {}),
         ],
     },
     "deepseek-ai-DeepSeek-V3.1.jinja": {
         "tokens": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
         "cases": base_cases() + tool_cases("string") + [
             ("thinking", [SYSTEM, USER], True, {"thinking": True}),
-            ("think_stripped", [USER, {"role": "assistant", "content": "<think>hmm</think>Paris."}, USER2],
-             True, {}),
+            ("think_stripped", [USER, assistant("<think>hmm</think>Paris."), USER2], True, {}),
             ("two_systems", [SYSTEM, {"role": "system", "content": "Be brief."}, USER], True, {}),
             ("tool_call_with_content", tool_conversation("string", content="Let me check."), False,
              {"tools": TOOLS}),
@@ -194,11 +216,10 @@ FAMILIES = {
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": {
         "tokens": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
         "cases": base_cases() + tool_cases("string") + [
-            ("think_stripped", [USER, {"role": "assistant", "content": "<think>hmm</think>Paris."}, USER2],
-             True, {}),
-            ("two_tool_calls", [USER, {"role": "assistant", "content": None, "tool_calls": [
-                tool_call('{"city": "Paris"}'), tool_call('{"city": "Rome"}')]},
-                {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "rainy"}], True, {}),
+            ("think_stripped", [USER, assistant("<think>hmm</think>Paris."), USER2], True, {}),
+            ("two_tool_calls", [USER, calls(tool_call('{"city": "Paris"}'),
+                                            tool_call('{"city": "Rome"}'), content=None),
+                                tool("sunny"), tool("rainy")], True, {}),
         ],
     },
     "google-gemma-2-2b-it.jinja": {
@@ -217,10 +238,12 @@ FAMILIES = {
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": {
         "tokens": {"bos_token": "<s>", "eos_token": "</s>"},
         "cases": base_cases() + tool_cases("dict", call_id="abc123def") + [
-            ("dict_tool_result", [USER, {"role": "assistant", "tool_calls": [tool_call({"city": "Paris"}, "abc123def")]},
-                {"role": "tool", "tool_call_id": "abc123def", "content": {"content": {"t": 21, "ok": True, "x": None}}}],
+            ("dict_tool_result",
+             [USER, calls(tool_call({"city": "Paris"}, "abc123def")),
+              tool({"content": {"t": 21, "ok": True, "x": None}}, tool_call_id="abc123def")],
              True, {"tools": TOOLS}),
-            ("error_bad_call_id", tool_conversation("dict", call_id="short"), True, {"tools": TOOLS}),
+            ("error_bad_call_id", tool_conversation("dict", call_id="short"), True,
+             {"tools": TOOLS}),
             ("error_not_alternating", [USER, USER2], True, {}),
         ],
     },
@@ -228,43 +251,50 @@ FAMILIES = {
         "tokens": {"bos_token": "<s>", "eos_token": "</s>"},
         "cases": base_cases() + tool_cases("dict", call_id="abc123def") + [
             ("content_parts", [{"role": "system", "content": parts("Be brief.")},
-                               {"role": "user", "content": parts("Look:") + [{"type": "image_url"}] + parts(" what is it?")},
-                               {"role": "assistant", "content": parts("A cat.")}], False, {}),
-            ("error_bad_part", [{"role": "user", "content": [{"type": "audio"}]}], True, {}),
-            ("error_bad_call_id", tool_conversation("dict", call_id="short"), True, {"tools": TOOLS}),
+                               user(parts("Look:") + [{"type": "image_url"}]
+                                    + parts(" what is it?")),
+                               assistant(parts("A cat."))], False, {}),
+            ("error_bad_part", [user([{"type": "audio"}])], True, {}),
+            ("error_bad_call_id", tool_conversation("dict", call_id="short"), True,
+             {"tools": TOOLS}),
         ],
     },
     "moonshotai-Kimi-K2.jinja": {
         "tokens": {"bos_token": "[BOS]", "eos_token": "[EOS]"},
         "cases": base_cases() + tool_cases("string", call_id="functions.get_weather:0") + [
-            ("content_parts", [{"role": "user", "content": parts("Look:") + [{"type": "image_url", "image_url": {}}]
-                                + parts("What is it?")}, {"role": "assistant", "content": parts("A cat.")}], True, {}),
+            ("content_parts",
+             [user(parts("Look:") + [{"type": "image_url", "image_url": {}}]
+                   + parts("What is it?")),
+              assistant(parts("A cat."))], True, {}),
         ],
     },
     "openai-gpt-oss-120b.jinja": {
         "tokens": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"},
         "cases": base_cases() + tool_cases("dict", content="") + [
-            ("developer_message", [{"role": "developer", "content": "Answer like a pirate."}, USER], True, {}),
+            ("developer_message", [{"role": "developer", "content": "Answer like a pirate."}, USER],
+             True, {}),
             ("reasoning_effort_and_identity", [SYSTEM, USER], True,
              {"reasoning_effort": "high", "model_identity": "You are Tiny, a test model."}),
-            ("builtin_tools", [USER], True, {"builtin_tools": ["browser", "python"], "tools": TOOLS}),
-            ("thinking_then_tool_call", [USER, {"role": "assistant", "thinking": "I should call the tool.",
-                                                "tool_calls": [tool_call(WEATHER_ARGS)]},
-                                         {"role": "tool", "content": TOOL_RESULT}], True, {"tools": TOOLS}),
-            ("thinking_dropped_after_final", [USER, {"role": "assistant", "thinking": "Think.",
-                                                     "content": "Paris."}, USER2], True, {}),
-            ("training_last_turn", [USER, {"role": "assistant", "thinking": "Think.", "content": "Paris."}],
-             False, {}),
-            ("error_channel_in_content", [USER, {"role": "assistant",
-                                                 "content": "<|channel|>final<|message|>Paris."}], True, {}),
+            ("builtin_tools", [USER], True,
+             {"builtin_tools": ["browser", "python"], "tools": TOOLS}),
+            ("thinking_then_tool_call",
+             [USER, {"role": "assistant", "thinking": "I should call the tool.",
+                     "tool_calls": [tool_call(WEATHER_ARGS)]}, tool(TOOL_RESULT)], True,
+             {"tools": TOOLS}),
+            ("thinking_dropped_after_final", [USER, assistant("Paris.", thinking="Think."), USER2],
+             True, {}),
+            ("training_last_turn", [USER, assistant("Paris.", thinking="Think.")], False, {}),
+            ("error_channel_in_content", [USER, assistant("<|channel|>final<|message|>Paris.")],
+             True, {}),
         ],
     },
 }
 
 
-def render(env, source, context):
+def render(template, context):
+    """The output, or the message of an exception the template raises on purpose."""
     try:
-        return {"output": env.from_string(source).render(**context)}
+        return {"output": template.render(**context)}
     except jinja2.exceptions.UndefinedError:
         raise
     except jinja2.exceptions.TemplateError as e:
@@ -297,23 +327,26 @@ LOOKUP_WEATHER = {"type": "function", "function": {
 HARMONY = [
     ("test_no_tools", "exact", {"messages": []}),
     ("test_browser_tool_only", "exact", {"messages": [], "builtin_tools": ["browser"]}),
-    ("test_browser_and_python_tool", "exact", {"messages": [], "builtin_tools": ["browser", "python"]}),
+    ("test_browser_and_python_tool", "exact",
+     {"messages": [], "builtin_tools": ["browser", "python"]}),
     ("test_browser_and_function_tool", "exact",
      {"messages": [], "builtin_tools": ["browser"], "tools": [LOOKUP_WEATHER]}),
     ("test_dropping_cot_by_default", "suffix", {"messages": [
         {"role": "user", "content": "What is 2 + 2?"},
-        {"role": "assistant", "thinking": "User asks: “What is 2 + 2?” Simple arithmetic. Provide answer.",
+        {"role": "assistant",
+         "thinking": "User asks: “What is 2 + 2?” Simple arithmetic. Provide answer.",
          "content": "2 + 2 equals 4."},
         {"role": "user", "content": "What about 9 / 2?"}]}),
 ]
 
 
 def harmony_cases(env, source, harmony_dir):
+    template = env.from_string(source)
     cases = []
     for name, match, extra in HARMONY:
         ctx = {"tools": None, "documents": None, "add_generation_prompt": True}
         ctx.update(extra)
-        got = env.from_string(source).render(**ctx).rstrip()
+        got = template.render(**ctx).rstrip()
         with open(os.path.join(harmony_dir, name + ".txt"), encoding="utf-8") as f:
             want = f.read().replace("\r\n", "\n").rstrip()
         if not (got == want if match == "exact" else got.endswith(want)):
@@ -332,17 +365,18 @@ def main():
     now = NOW.isoformat()
     for template, family in FAMILIES.items():
         with open(os.path.join(args.templates, template), encoding="utf-8") as f:
-            source = f.read()
+            compiled = env.from_string(f.read())
         cases = []
         for name, messages, agp, extra in family["cases"]:
             case = {"name": name, "context": context_of(family["tokens"], messages, agp, extra)}
-            case.update(render(env, source, case["context"]))
+            case.update(render(compiled, case["context"]))
             if name.startswith("error_") != ("error" in case):
                 sys.exit(f"{template}: case {name}: {case}")
             cases.append(case)
         out = os.path.join(args.out, template[:-len(".jinja")] + ".json")
         with open(out, "w", encoding="utf-8") as f:
-            json.dump({"template": template, "now": now, "cases": cases}, f, ensure_ascii=False, indent=1)
+            json.dump({"template": template, "now": now, "cases": cases}, f, ensure_ascii=False,
+                      indent=1)
             f.write("\n")
         print(f"{out}: {len(cases)} cases")
 

@@ -125,43 +125,40 @@ static void test_whitespace(void **state) {
 static void test_literals_and_operators(void **state) {
     (void)state;
     const struct feature f[] = {
-        {"{{ \"a\\tb\\n\\u00e9\\x41\\\\\" }}", 0,
-         "a\tb\n\xc3\xa9"
-         "A\\"},
+        {"{{ \"a\\tb\\n\\u00e9\\x41\\\\\" }}", 0, "a\tb\n\xc3\xa9" "A\\"},
         {"{{ 'it\\'s' ~ \"\\\"q\\\"\" ~ '\\d' }}", 0, "it's\"q\"\\d"},
         {"{{ 'a' 'b' }}", 0, "ab"},
         {"{{ 1_000 + 0 }} {{ 1.5e3 }} {{ 2E-3 }}", 0, "1000 1500.0 0.002"},
         {"{{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1e15 }} {{ 1e-5 }} {{ 0.0001 }} {{ -0.0 }} {{ 1/3 }}", 0,
          "0.30000000000000004 1e+16 1000000000000000.0 1e-05 0.0001 -0.0 0.3333333333333333"},
-        {"{{ 10 / 4 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 % -3 }} {{ 7.5 // 2 }} {{ -7.5 "
-         "% 2 }}",
-         0, "2.5 3 -4 2 -2 3.0 0.5"},
-        {"{{ 2 ** 10 }} {{ 2 ** 3 ** 2 }} {{ 2 ** -1 }} {{ -2 ** 2 }}", 0, "1024 64 0.5 4"},
-        {"{{ 3 * 'ab' }}{{ 'c' * 2 }} {{ [1, 2] + [3] }} {{ [0] * 3 }}", 0,
-         "abababcc [1, 2, 3] [0, 0, 0]"},
+        {"{{ 10 / 4 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 % -3 }} {{ 7.5 // 2 }} "
+         "{{ -7.5 % 2 }}", 0, "2.5 3 -4 2 -2 3.0 0.5"},
+        {"{{ 2 ** 10 }} {{ 2 ** 3 ** 2 }} {{ 2 ** -1 }} {{ -2 ** 2 }} {{ 1 ** 1000000000000 }} "
+         "{{ (-3) ** 3 }} {{ 2.0 ** 0.5 }}", 0, "1024 64 0.5 4 1 -27 1.4142135623730951"},
+        {"{{ -7.5 // 2 }} {{ 7.5 % -2 }} {{ -7.5 % -2.5 }} {{ 0.0 // -3 }} "
+         "{{ 1e308 // 1e-10 is number }}", 0, "-4.0 -0.5 -0.0 -0.0 1e+308"},
+        {"{{ 3 * 'ab' }}{{ 'c' * 2 }} {{ [1, 2] + [3] }} {{ [0] * 3 }} "
+         "{{ [] * 4611686018427387904 }} [{{ '' * 4611686018427387904 }}{{ 'x' * -2 }}]", 0,
+         "abababcc [1, 2, 3] [0, 0, 0] [] []"},
         {"{{ true + 1 }} {{ 1 + 2.5 }} {{ 4 - 1 * 2 }} {{ (4 - 1) * 2 }}", 0, "2 3.5 2 6"},
         {"{{ {'a': 1, \"b\": [true, none, 1.0, 'x\\'y']} }}", 0,
          "{'a': 1, 'b': [True, None, 1.0, \"x'y\"]}"},
         {"{{ none }} {{ True }} {{ false }} {{ \"a\" ~ 1 ~ none ~ 2.0 }}", 0,
          "None True False a1None2.0"},
-        {"{{ 1 == 1.0 }} {{ true == 1 }} {{ 'a' == 'a' }} {{ [1, 'a'] == [1.0, 'a'] }} {{ {'a': 1} "
-         "== {'a': 1} }}",
-         0, "True True True True True"},
-        {"{{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 'b' > 'a' }} {{ 'B' < 'a' }} {{ [1, 2] < [1, 3] }} {{ "
-         "2 >= 2.0 }}",
-         0, "True False True True True True"},
-        {"{{ 'a' in 'cat' }} {{ 'x' not in ['y'] }} {{ 'k' in {'k': 1} }} {{ 1 in [1.0] }} {{ '' "
-         "in 'x' }}",
-         0, "True True True True True"},
-        {"{{ 0 or 'd' }} {{ 1 and 2 }} {{ none or [] }} {{ not none }} {{ not 'x' }} {{ 'a' and '' "
-         "}}.",
-         0, "d 2 [] True False ."},
-        {"{{ 'y' if false }}|{{ 'y' if 1 else 'n' }}|{{ 'a' if false else 'b' if true else 'c' }}",
-         0, "|y|b"},
+        {"{{ 1 == 1.0 }} {{ true == 1 }} {{ 'a' == 'a' }} {{ [1, 'a'] == [1.0, 'a'] }} "
+         "{{ {'a': 1} == {'a': 1} }}", 0, "True True True True True"},
+        {"{{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 'b' > 'a' }} {{ 'B' < 'a' }} {{ [1, 2] < [1, 3] }} "
+         "{{ 2 >= 2.0 }}", 0, "True False True True True True"},
+        {"{{ 'a' in 'cat' }} {{ 'x' not in ['y'] }} {{ 'k' in {'k': 1} }} {{ 1 in [1.0] }} "
+         "{{ '' in 'x' }}", 0, "True True True True True"},
+        {"{{ 0 or 'd' }} {{ 1 and 2 }} {{ none or [] }} {{ not none }} {{ not 'x' }} "
+         "{{ 'a' and '' }}.", 0, "d 2 [] True False ."},
+        {"{{ 'y' if false }}|{{ 'y' if 1 else 'n' }}|"
+         "{{ 'a' if false else 'b' if true else 'c' }}", 0, "|y|b"},
         {"{{ -x }} {{ +x }} {{ - -3 }} {{ -1.5 }}", "{\"x\": 4}", "-4 4 3 -1.5"},
         {"{{ 'é' < 'z' }} {{ 'ß' > 'z' }} {{ 9007199254740993 == 9007199254740992.0 }} "
-         "{{ 9007199254740993 > 9007199254740992.0 }} {{ 2 < 2.5 }} {{ -3 < -2.5 }}",
-         0, "False True False True True True"},
+         "{{ 9007199254740993 > 9007199254740992.0 }} {{ 2 < 2.5 }} {{ -3 < -2.5 }}", 0,
+         "False True False True True True"},
     };
     run_features(f, sizeof f / sizeof f[0]);
 }
@@ -172,15 +169,16 @@ static void test_access(void **state) {
                              "\"s\": \"h\\u00e9llo\", \"e\": []}";
     const struct feature f[] = {
         {"{{ d.a.b }} {{ d['a']['b'] }} {{ d.a['b'] }} {{ d['k'] }}", ctx, "5 5 5 v"},
-        {"{{ l[0] }} {{ l[-1] }} {{ l.1 }} {{ l[1:] }} {{ l[:-2] }} {{ l[::2] }} {{ l[::-1] }} {{ "
-         "l[3:1:-1] }}",
-         ctx, "1 4 2 [2, 3, 4] [1, 2] [1, 3] [4, 3, 2, 1] [4, 3]"},
-        {"{{ l[10:] }} {{ l[-10:2] }} {{ l[2:2] }} {{ e[::-1] }}", ctx, "[] [1, 2] [] []"},
-        {"{{ s[0] }}{{ s[1] }} {{ s[-1] }} {{ s[1:3] }} {{ s[::-1] }} {{ s|length }} {{ s[:100] }}",
-         ctx, "h\xc3\xa9 o \xc3\xa9l oll\xc3\xa9h 5 h\xc3\xa9llo"},
+        {"{{ l[0] }} {{ l[-1] }} {{ l.1 }} {{ l[1:] }} {{ l[:-2] }} {{ l[::2] }} {{ l[::-1] }} "
+         "{{ l[3:1:-1] }}", ctx, "1 4 2 [2, 3, 4] [1, 2] [1, 3] [4, 3, 2, 1] [4, 3]"},
+        {"{{ l[10:] }} {{ l[-10:2] }} {{ l[2:2] }} {{ e[::-1] }} {{ l[-100:100:-1] }} "
+         "{{ l[5:-100:-2] }} {{ l[2::-1] }} {{ l[:-1:-1] }} {{ s[::-2] }} {{ s[-2:] }}", ctx,
+         "[] [1, 2] [] [] [] [4, 2] [3, 2, 1] [] olh lo"},
+        {"{{ s[0] }}{{ s[1] }} {{ s[-1] }} {{ s[1:3] }} {{ s[::-1] }} {{ s|length }} "
+         "{{ s[:100] }}", ctx, "h\xc3\xa9 o \xc3\xa9l oll\xc3\xa9h 5 h\xc3\xa9llo"},
         {"[{{ d.x }}{{ l[9] }}{{ none.x }}{{ d['x'] }}]", ctx, "[]"},
-        {"{{ d.x is defined }} {{ d.a is defined }} {{ l[9] is defined }} {{ s.x is undefined }}",
-         ctx, "False True False True"},
+        {"{{ d.x is defined }} {{ d.a is defined }} {{ l[9] is defined }} "
+         "{{ s.x is undefined }}", ctx, "False True False True"},
     };
     run_features(f, sizeof f / sizeof f[0]);
 }
@@ -190,55 +188,42 @@ static void test_statements(void **state) {
     static const char *ctx = "{\"l\": [1, 2, 3], \"d\": {\"a\": 1, \"b\": 2}, \"e\": []}";
     const struct feature f[] = {
         {"{% for x in l %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}"
-         "{{ loop.first }}{{ loop.last }}{{ loop.length }}|{% endfor %}",
-         ctx, "1032TrueFalse3|2121FalseFalse3|3210FalseTrue3|"},
+         "{{ loop.first }}{{ loop.last }}{{ loop.length }}|{% endfor %}", ctx,
+         "1032TrueFalse3|2121FalseFalse3|3210FalseTrue3|"},
         {"{% for x in l %}{{ loop.previtem }}<{{ x }}>{{ loop.nextitem }} {% endfor %}", ctx,
          "<1>2 1<2>3 2<3> "},
         {"{% for x in e %}x{% else %}empty{% endfor %}", ctx, "empty"},
-        {"{% for x in l if x > 1 %}{{ x }}{{ loop.index }}{{ loop.last }} {% else %}none{% endfor "
-         "%}",
-         ctx, "21False 32True "},
+        {"{% for x in l if x > 1 %}{{ x }}{{ loop.index }}{{ loop.last }} {% else %}"
+         "none{% endfor %}", ctx, "21False 32True "},
         {"{% for x in l if x > 5 %}{{ x }}{% else %}none{% endfor %}", ctx, "none"},
-        {"{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k in d %}{{ k }}{% endfor "
-         "%}",
-         ctx, "a=1;b=2;ab"},
-        {"{% for (k, v) in d|items %}{{ k }}{{ v }}{% endfor %}{% for c in 'h\xc3\xa9' %}[{{ c "
-         "}}]{% endfor %}",
-         ctx, "a1b2[h][\xc3\xa9]"},
-        {"{% for x in l %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 3 %}{% break %}{% "
-         "endif %}{{ x }}"
-         "{% endfor %}",
-         ctx, "1"},
-        {"{% for x in l %}{% for y in l %}{{ loop.index }}{% endfor %}{{ loop.index }} {% endfor "
-         "%}",
-         ctx, "1231 1232 1233 "},
+        {"{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k in d %}{{ k }}"
+         "{% endfor %}", ctx, "a=1;b=2;ab"},
+        {"{% for (k, v) in d|items %}{{ k }}{{ v }}{% endfor %}{% for c in 'h\xc3\xa9' %}"
+         "[{{ c }}]{% endfor %}", ctx, "a1b2[h][\xc3\xa9]"},
+        {"{% for x in l %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 3 %}{% break %}"
+         "{% endif %}{{ x }}{% endfor %}", ctx, "1"},
+        {"{% for x in l %}{% for y in l %}{{ loop.index }}{% endfor %}"
+         "{{ loop.index }} {% endfor %}", ctx, "1231 1232 1233 "},
         {"{% for x in nothing %}x{% endfor %}{% for x in nothing %}{% else %}e{% endfor %}", ctx,
          "e"},
         {"{% set x = 1 %}{% for i in l %}{% set x = i %}{{ x }}{% endfor %}{{ x }}", ctx, "1231"},
-        {"{% set ns = namespace(x=1, y='a') %}{% for i in l %}{% set ns.x = ns.x + i %}{% endfor "
-         "%}{{ ns.x }}{{ ns.y }}",
-         ctx, "7a"},
-        {"{% set ns = namespace() %}{% set ns.found = true %}{{ ns.found }}{{ ns.missing is "
-         "defined }}",
-         ctx, "TrueFalse"},
+        {"{% set ns = namespace(x=1, y='a') %}{% for i in l %}{% set ns.x = ns.x + i %}{% endfor %}"
+         "{{ ns.x }}{{ ns.y }}", ctx, "7a"},
+        {"{% set ns = namespace() %}{% set ns.found = true %}{{ ns.found }}"
+         "{{ ns.missing is defined }}", ctx, "TrueFalse"},
         {"{% set ns = namespace(d) %}{{ ns.b }}", ctx, "2"},
-        {"{% set b %}hi {{ 1 }}{% endset %}[{{ b }}]{% set c | upper | replace('I', '!') %}hi{% "
-         "endset %}{{ c }}",
-         ctx, "[hi 1]H!"},
+        {"{% set b %}hi {{ 1 }}{% endset %}[{{ b }}]{% set c | upper | replace('I', '!') %}"
+         "hi{% endset %}{{ c }}", ctx, "[hi 1]H!"},
         {"{% set a, b = [1, 2] %}{{ b }}{{ a }}{% set t = (3, 4) %}{{ t[1] }}", ctx, "214"},
-        {"{% if 0 %}a{% elif '' %}b{% elif l %}c{% else %}d{% endif %}{% if e %}x{% else %}y{% "
-         "endif %}",
-         ctx, "cy"},
+        {"{% if 0 %}a{% elif '' %}b{% elif l %}c{% else %}d{% endif %}{% if e %}x{% else %}"
+         "y{% endif %}", ctx, "cy"},
         {"{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}"
-         "{{ greet('Bo') }} {{ greet('Al', '?') }} {{ greet(punct='.', name='Cy') }} {{ greet() }}",
-         ctx, "Hi Bo! Hi Al? Hi Cy. Hi !"},
-        {"{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}{{ "
-         "f(2)|length }}",
-         ctx, "3212"},
-        {"{% set top = 'T' %}{% macro m() %}{{ top }}{{ l|length }}{% set top = 'M' %}{{ top }}{% "
-         "endmacro %}"
-         "{{ m() }}{{ top }}",
-         ctx, "T3MT"},
+         "{{ greet('Bo') }} {{ greet('Al', '?') }} {{ greet(punct='.', name='Cy') }} "
+         "{{ greet() }}", ctx, "Hi Bo! Hi Al? Hi Cy. Hi !"},
+        {"{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}"
+         "{{ f(2)|length }}", ctx, "3212"},
+        {"{% set top = 'T' %}{% macro m() %}{{ top }}{{ l|length }}{% set top = 'M' %}{{ top }}"
+         "{% endmacro %}{{ m() }}{{ top }}", ctx, "T3MT"},
     };
     run_features(f, sizeof f / sizeof f[0]);
 }
@@ -253,74 +238,64 @@ static void test_filters(void **state) {
     const struct feature f[] = {
         {"[{{ '  a b \\n'|trim }}][{{ 'xxaxx'|trim('x') }}][{{ none|trim }}]", ctx,
          "[a b][a][None]"},
-        {"{{ msgs|length }} {{ 'h\xc3\xa9'|length }} {{ obj|length }} {{ nothing|length }} {{ "
-         "msgs|count }}",
-         ctx, "3 2 2 0 3"},
+        {"{{ msgs|length }} {{ 'h\xc3\xa9'|length }} {{ obj|length }} {{ nothing|length }} "
+         "{{ msgs|count }}", ctx, "3 2 2 0 3"},
         {"{{ obj|tojson }}", ctx,
          "{\"b\": [1, 2.5, {\"c\": null}], \"a\": "
          "\"\xc3\xa9\\\"\\\\\\n\\u0001\x7f\xe2\x80\xa8\xf0\x9f\x98\x80\"}"},
         {"{{ obj.b|tojson(indent=2) }}", ctx, "[\n  1,\n  2.5,\n  {\n    \"c\": null\n  }\n]"},
         {"{{ {'b': 1, 'a': [], 'c': {}}|tojson(sort_keys=true, separators=(',', ':')) }}", ctx,
          "{\"a\":[],\"b\":1,\"c\":{}}"},
-        {"{{ 'é'|tojson(ensure_ascii=true) }} {{ '😀'|tojson(ensure_ascii=true) }} {{ 1e100|tojson "
-         "}} {{ 3|tojson }}",
-         ctx, "\"\\u00e9\" \"\\ud83d\\ude00\" 1e+100 3"},
+        {"{{ 'é'|tojson(ensure_ascii=true) }} {{ '😀'|tojson(ensure_ascii=true) }} "
+         "{{ 1e100|tojson }} {{ 3|tojson }}", ctx, "\"\\u00e9\" \"\\ud83d\\ude00\" 1e+100 3"},
         {"{{ 1|string ~ none|string ~ [1]|string }}|{{ nothing|string }}|", ctx, "1None[1]||"},
-        {"{{ 'hello wORLD'|upper }} {{ 'HeLLo'|lower }} {{ 'hello wORLD'|capitalize }} {{ "
-         "'hello-wORLD it\\'s(x'|title }}",
-         ctx, "HELLO WORLD hello Hello world Hello-World It's(X"},
-        {"{{ 'aaa'|replace('a', 'b', 2) }} {{ 'ab'|replace('', '-') }} {{ 1.5|replace('.', ',') }}",
-         ctx, "bba -a-b- 1,5"},
-        {"{{ nothing|default('d') }} {{ ''|default('d') }} {{ ''|default('d', true) }} {{ "
-         "nothing|d }}|",
-         ctx, "d  d |"},
-        {"{{ msgs|first }} {{ msgs|last }} {{ 'abc'|first }}{{ 'abc'|last }} {{ []|first is "
-         "defined }}",
-         ctx, "{'role': 'user', 'n': 3} {'role': 'user', 'n': 2} ac False"},
-        {"{{ words|join }} {{ words|join(', ') }} {{ msgs|join('/', attribute='role') }} {{ [1, "
-         "none]|join('-') }}",
-         ctx, "bAca b, A, c, a user/assistant/user 1-None"},
-        {"{% for k, v in obj|items %}{{ k }}{{ v|length }}{% endfor %} {{ [obj.a] }} {{ 'ab'|list "
-         "}} "
-         "{{ {'x': 1}|list }} {{ nothing|items|list }}",
-         ctx, "b3a8 ['\xc3\xa9\"\\\\\\n\\x01\\x7f\\u2028\xf0\x9f\x98\x80'] ['a', 'b'] ['x'] []"},
-        {"{{ msgs|map(attribute='role')|list }} {{ words|map('upper')|join }} {{ "
-         "msgs|map(attribute='x', default=0)|list }}",
-         ctx, "['user', 'assistant', 'user'] BACA [0, 0, 0]"},
+        {"{{ 'hello wORLD'|upper }} {{ 'HeLLo'|lower }} {{ 'hello wORLD'|capitalize }} "
+         "{{ 'hello-wORLD it\\'s(x'|title }}", ctx,
+         "HELLO WORLD hello Hello world Hello-World It's(X"},
+        {"{{ 'aaa'|replace('a', 'b', 2) }} {{ 'ab'|replace('', '-') }} "
+         "{{ 1.5|replace('.', ',') }}", ctx, "bba -a-b- 1,5"},
+        {"{{ nothing|default('d') }} {{ ''|default('d') }} {{ ''|default('d', true) }} "
+         "{{ nothing|d }}|", ctx, "d  d |"},
+        {"{{ msgs|first }} {{ msgs|last }} {{ 'abc'|first }}{{ 'abc'|last }} "
+         "{{ []|first is defined }}", ctx,
+         "{'role': 'user', 'n': 3} {'role': 'user', 'n': 2} ac False"},
+        {"{{ words|join }} {{ words|join(', ') }} {{ msgs|join('/', attribute='role') }} "
+         "{{ [1, none]|join('-') }}", ctx, "bAca b, A, c, a user/assistant/user 1-None"},
+        {"{% for k, v in obj|items %}{{ k }}{{ v|length }}{% endfor %} {{ [obj.a] }} "
+         "{{ 'ab'|list }} {{ {'x': 1}|list }} {{ nothing|items|list }}", ctx,
+         "b3a8 ['\xc3\xa9\"\\\\\\n\\x01\\x7f\\u2028\xf0\x9f\x98\x80'] ['a', 'b'] ['x'] []"},
+        {"{{ msgs|map(attribute='role')|list }} {{ words|map('upper')|join }} "
+         "{{ msgs|map(attribute='x', default=0)|list }}", ctx,
+         "['user', 'assistant', 'user'] BACA [0, 0, 0]"},
         {"{{ msgs|selectattr('role', 'equalto', 'user')|map(attribute='n')|list }} "
          "{{ msgs|rejectattr('role', 'eq', 'user')|list|length }} {{ [0, 1, 2, '']|select|list }} "
-         "{{ [1, 2, 3, 4]|reject('odd')|list }} {{ msgs|selectattr('n')|list|length }}",
-         ctx, "[3, 2] 1 [1, 2] [2, 4] 3"},
+         "{{ [1, 2, 3, 4]|reject('odd')|list }} {{ msgs|selectattr('n')|list|length }}", ctx,
+         "[3, 2] 1 [1, 2] [2, 4] 3"},
         {"{{ '<b>'|safe }} {{ '<a href=\"x\">&\\''|e }} {{ '<'|escape }}", ctx,
          "<b> &lt;a href=&#34;x&#34;&gt;&amp;&#39; &lt;"},
-        {"{{ '42'|int + 1 }} {{ '4.7'|int }} {{ 'x'|int }} {{ 'x'|int(7) }} {{ 3.9|int }} {{ "
-         "'0x1f'|int(base=16) }} "
-         "{{ '2.5'|float }} {{ 'x'|float }} {{ 3|float }} {{ -3|abs }} {{ -2.5|abs }}",
-         ctx, "43 4 0 7 3 31 2.5 0.0 3.0 3 2.5"},
-        {"{{ 2.5|round }} {{ 3.5|round }} {{ 2.675|round(2) }} {{ 3|round }} {{ 2.1|round(0, "
-         "'ceil') }} "
-         "{{ -2.1|round(method='floor') }} {{ 1234.5|round(-2) }}",
-         ctx, "2.0 4.0 2.67 3 3.0 -3.0 1200.0"},
-        {"[{{ 'a\\nb\\n\\nc'|indent }}][{{ 'a\\nb'|indent(2, true) }}][{{ 'a\\n\\nb'|indent('> ', "
-         "blank=true) }}]",
-         ctx, "[a\n    b\n\n    c][  a\n  b][a\n> \n> b]"},
+        {"{{ '42'|int + 1 }} {{ '4.7'|int }} {{ 'x'|int }} {{ 'x'|int(7) }} {{ 3.9|int }} "
+         "{{ '0x1f'|int(base=16) }} {{ '7'|int(base=47) }} {{ '2.5'|float }} {{ 'x'|float }} "
+         "{{ 3|float }} {{ -3|abs }} {{ -2.5|abs }}", ctx, "43 4 0 7 3 31 7 2.5 0.0 3.0 3 2.5"},
+        {"{{ 2.5|round }} {{ 3.5|round }} {{ 2.675|round(2) }} {{ 3|round }} "
+         "{{ 2.1|round(0, 'ceil') }} {{ -2.1|round(method='floor') }} {{ 1234.5|round(-2) }}", ctx,
+         "2.0 4.0 2.67 3 3.0 -3.0 1200.0"},
+        {"[{{ 'a\\nb\\n\\nc'|indent }}][{{ 'a\\nb'|indent(2, true) }}]"
+         "[{{ 'a\\n\\nb'|indent('> ', blank=true) }}]", ctx,
+         "[a\n    b\n\n    c][  a\n  b][a\n> \n> b]"},
         {"{{ 'one two  three,four'|wordcount }} {{ 'h\xc3\xa9llo w\xc3\xb6rld'|wordcount }}", ctx,
          "4 2"},
         {"{{ words|sort }} {{ words|sort(case_sensitive=true) }} {{ words|sort(reverse=true) }} "
-         "{{ msgs|sort(attribute='n')|map(attribute='n')|list }} {{ [3, 1.5, 2]|sort }}",
-         ctx,
+         "{{ msgs|sort(attribute='n')|map(attribute='n')|list }} {{ [3, 1.5, 2]|sort }}", ctx,
          "['A', 'a', 'b', 'c'] ['A', 'a', 'b', 'c'] ['c', 'b', 'A', 'a'] [1, 2, 3] [1.5, 2, 3]"},
-        {"{{ words|unique|list }} {{ words|unique(case_sensitive=true)|list }} {{ words|min }} {{ "
-         "words|max }} "
-         "{{ msgs|max(attribute='n') }}",
-         ctx, "['b', 'A', 'c'] ['b', 'A', 'c', 'a'] A c {'role': 'user', 'n': 3}"},
-        {"{{ [1, 2, 3]|sum }} {{ msgs|sum(attribute='n') }} {{ [1, 0.5]|sum }} {{ []|sum(start=10) "
-         "}}",
-         ctx, "6 6 1.5 10"},
-        {"{{ words|reverse|list }} {{ 'abc'|reverse }} {{ {'b': 1, 'a': "
-         "2}|dictsort|map('first')|list }} "
-         "{{ {'b': 1, 'a': 2, 'c': 0}|dictsort(by='value', reverse=true)|map('last')|list }}",
-         ctx, "['a', 'c', 'A', 'b'] cba ['a', 'b'] [2, 1, 0]"},
+        {"{{ words|unique|list }} {{ words|unique(case_sensitive=true)|list }} {{ words|min }} "
+         "{{ words|max }} {{ msgs|max(attribute='n') }}", ctx,
+         "['b', 'A', 'c'] ['b', 'A', 'c', 'a'] A c {'role': 'user', 'n': 3}"},
+        {"{{ [1, 2, 3]|sum }} {{ msgs|sum(attribute='n') }} {{ [1, 0.5]|sum }} "
+         "{{ []|sum(start=10) }}", ctx, "6 6 1.5 10"},
+        {"{{ words|reverse|list }} {{ 'abc'|reverse }} "
+         "{{ {'b': 1, 'a': 2}|dictsort|map('first')|list }} "
+         "{{ {'b': 1, 'a': 2, 'c': 0}|dictsort(by='value', reverse=true)|map('last')|list }}", ctx,
+         "['a', 'c', 'A', 'b'] cba ['a', 'b'] [2, 1, 0]"},
         {"{{ obj|attr('b') is defined }} {{ loop_msgs|default(msgs)|length }}", ctx, "False 3"},
     };
     run_features(f, sizeof f / sizeof f[0]);
@@ -333,27 +308,22 @@ static void test_tests(void **state) {
     const struct feature f[] = {
         {"{{ s is defined }}{{ q is defined }}{{ q is undefined }}{{ s is not defined }}", ctx,
          "TrueFalseTrueFalse"},
-        {"{{ z is none }}{{ s is none }}{{ z is not none }}{{ t is true }}{{ t is false }}{{ t is "
-         "boolean }}",
-         ctx, "TrueFalseFalseTrueFalseTrue"},
-        {"{{ s is string }}{{ n is string }}{{ d is mapping }}{{ l is mapping }}{{ n is number "
-         "}}{{ f is number }}"
-         "{{ t is number }}{{ n is integer }}{{ t is integer }}{{ f is float }}",
-         ctx, "TrueFalseTrueFalseTrueTrueTrueTrueFalseTrue"},
-        {"{{ s is iterable }}{{ l is iterable }}{{ d is iterable }}{{ n is iterable }}{{ q is "
-         "iterable }}"
-         "{{ l is sequence }}{{ n is sequence }}",
-         ctx, "TrueTrueTrueFalseTrueTrueFalse"},
+        {"{{ z is none }}{{ s is none }}{{ z is not none }}{{ t is true }}{{ t is false }}"
+         "{{ t is boolean }}", ctx, "TrueFalseFalseTrueFalseTrue"},
+        {"{{ s is string }}{{ n is string }}{{ d is mapping }}{{ l is mapping }}{{ n is number }}"
+         "{{ f is number }}{{ t is number }}{{ n is integer }}{{ t is integer }}"
+         "{{ f is float }}", ctx, "TrueFalseTrueFalseTrueTrueTrueTrueFalseTrue"},
+        {"{{ s is iterable }}{{ l is iterable }}{{ d is iterable }}{{ n is iterable }}"
+         "{{ q is iterable }}{{ l is sequence }}{{ n is sequence }}", ctx,
+         "TrueTrueTrueFalseTrueTrueFalse"},
         {"{{ n is odd }}{{ n is even }}{{ n is divisibleby 3 }}{{ n is divisibleby(2) }}", ctx,
          "TrueFalseTrueFalse"},
-        {"{{ s is equalto 'x' }}{{ n is eq 3.0 }}{{ n is ne 3 }}{{ n is lt 4 }}{{ n is ge 4 }}{{ n "
-         "is in [3] }}"
-         "{{ s is in 'xyz' }}{{ z is sameas none }}{{ t is sameas true }}{{ l is sameas l }}{{ [1] "
-         "is sameas [1] }}",
-         ctx, "TrueTrueFalseTrueFalseTrueTrueTrueTrueTrueFalse"},
-        {"{{ 'abc' is lower }}{{ 'aBc' is lower }}{{ 'AB1' is upper }}{{ range is callable }}{{ s "
-         "is callable }}",
-         ctx, "TrueFalseTrueTrueFalse"},
+        {"{{ s is equalto 'x' }}{{ n is eq 3.0 }}{{ n is ne 3 }}{{ n is lt 4 }}{{ n is ge 4 }}"
+         "{{ n is in [3] }}{{ s is in 'xyz' }}{{ z is sameas none }}{{ t is sameas true }}"
+         "{{ l is sameas l }}{{ [1] is sameas [1] }}", ctx,
+         "TrueTrueFalseTrueFalseTrueTrueTrueTrueTrueFalse"},
+        {"{{ 'abc' is lower }}{{ 'aBc' is lower }}{{ 'AB1' is upper }}{{ range is callable }}"
+         "{{ s is callable }}", ctx, "TrueFalseTrueTrueFalse"},
         {"{% if not s is none and n is number and not q is defined %}ok{% endif %}", ctx, "ok"},
     };
     run_features(f, sizeof f / sizeof f[0]);
@@ -363,39 +333,33 @@ static void test_methods_and_globals(void **state) {
     (void)state;
     static const char *ctx = "{\"d\": {\"a\": 1, \"b\": null}, \"s\": \"  a b  c \"}";
     const struct feature f[] = {
-        {"[{{ s.strip() }}][{{ s.lstrip() }}][{{ s.rstrip() }}][{{ '\\n\\nx\\n'.strip('\\n') "
-         "}}][{{ 'xyhix'.strip('xy') }}]",
-         ctx, "[a b  c][a b  c ][  a b  c][x][hi]"},
-        {"{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith('bc') }}{{ 'abc'.startswith(('x', 'a')) "
-         "}}{{ 'a'.endswith('ba') }}",
-         ctx, "TrueTrueTrueFalse"},
+        {"[{{ s.strip() }}][{{ s.lstrip() }}][{{ s.rstrip() }}]"
+         "[{{ '\\n\\nx\\n'.strip('\\n') }}][{{ 'xyhix'.strip('xy') }}]", ctx,
+         "[a b  c][a b  c ][  a b  c][x][hi]"},
+        {"{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith('bc') }}{{ 'abc'.startswith(('x', 'a')) }}"
+         "{{ 'a'.endswith('ba') }}", ctx, "TrueTrueTrueFalse"},
         {"{{ s.split() }} {{ s.split(' ') }} {{ 'a,b,,c'.split(',', 2) }} {{ s.split(none, 1) }} "
-         "{{ ''.split() }} "
-         "{{ ''.split(',') }}",
-         ctx,
+         "{{ ''.split() }} {{ ''.split(',') }}", ctx,
          "['a', 'b', 'c'] ['', '', 'a', 'b', '', 'c', ''] ['a', 'b', ',c'] ['a', 'b  c '] [] ['']"},
-        {"{{ 'a,b,c'.rsplit(',', 1) }} {{ s.rsplit(none, 1) }} {{ "
-         "'x</think>y</think>z'.split('</think>')[-1] }}",
-         ctx, "['a,b', 'c'] ['  a b', 'c'] z"},
-        {"{{ 'aXbX'.replace('X', '-') }} {{ 'hello world'.title() }} {{ \"it's\".title() }} {{ "
-         "'abC'.capitalize() }} "
-         "{{ 'aB'.upper() }}{{ 'aB'.lower() }}",
-         ctx, "a-b- Hello World It'S Abc ABab"},
-        {"{{ 'banana'.find('an') }} {{ 'banana'.find('x') }} {{ 'banana'.count('a') }} {{ "
-         "'-'.join(['a', 'b']) }} "
-         "{{ 'a\\nb\\r\\nc'.splitlines() }} {{ '12'.isdigit() }}{{ ' '.isspace() }}",
-         ctx, "1 -1 3 a-b ['a', 'b', 'c'] TrueTrue"},
-        {"{{ d.get('a') }} {{ d.get('x') }} {{ d.get('x', 5) }} {{ d.get('b', 5) }} {{ "
-         "d.keys()|list }} "
-         "{{ d.values()|list }} {% for k, v in d.items() %}{{ k }}{{ v }}{% endfor %}",
-         ctx, "1 None 5 None ['a', 'b'] [1, None] a1bNone"},
-        {"{{ range(3)|list }} {{ range(1, 7, 2)|list }} {{ range(3, 0, -1)|list }} {{ "
-         "range(0)|list }}",
-         ctx, "[0, 1, 2] [1, 3, 5] [3, 2, 1] []"},
+        {"{{ 'a,b,c'.rsplit(',', 1) }} {{ s.rsplit(none, 1) }} "
+         "{{ 'x</think>y</think>z'.split('</think>')[-1] }}", ctx, "['a,b', 'c'] ['  a b', 'c'] z"},
+        {"{{ 'aXbX'.replace('X', '-') }} {{ 'hello world'.title() }} {{ \"it's\".title() }} "
+         "{{ 'abC'.capitalize() }} {{ 'aB'.upper() }}{{ 'aB'.lower() }}", ctx,
+         "a-b- Hello World It'S Abc ABab"},
+        {"{{ 'banana'.find('an') }} {{ 'banana'.find('x') }} {{ 'banana'.count('a') }} "
+         "{{ '-'.join(['a', 'b']) }} {{ 'a\\nb\\r\\nc'.splitlines() }} {{ '12'.isdigit() }}"
+         "{{ ' '.isspace() }}", ctx, "1 -1 3 a-b ['a', 'b', 'c'] TrueTrue"},
+        {"{{ 'h\xc3\xa9llo'.find('l') }} {{ 'ab'.count('') }} {{ 'aaaa'.count('aa') }} "
+         "{{ 'x'.find('') }} {{ 'a1'.isalnum() }}{{ 'ab'.islower() }}{{ ''.isdigit() }}", ctx,
+         "2 3 2 0 TrueTrueFalse"},
+        {"{{ d.get('a') }} {{ d.get('x') }} {{ d.get('x', 5) }} {{ d.get('b', 5) }} "
+         "{{ d.keys()|list }} {{ d.values()|list }} {% for k, v in d.items() %}{{ k }}{{ v }}"
+         "{% endfor %}", ctx, "1 None 5 None ['a', 'b'] [1, None] a1bNone"},
+        {"{{ range(3)|list }} {{ range(1, 7, 2)|list }} {{ range(3, 0, -1)|list }} "
+         "{{ range(0)|list }}", ctx, "[0, 1, 2] [1, 3, 5] [3, 2, 1] []"},
         {"{{ dict(a=1, b='x') }} {{ dict(d, c=2)|length }}", ctx, "{'a': 1, 'b': 'x'} 3"},
-        {"{{ strftime_now('%Y-%m-%d') }} {{ strftime_now('%d %b %Y, %A') }} [{{ strftime_now('') "
-         "}}]",
-         ctx, "2025-06-28 28 Jun 2025, Saturday []"},
+        {"{{ strftime_now('%Y-%m-%d') }} {{ strftime_now('%d %b %Y, %A') }} "
+         "[{{ strftime_now('') }}]", ctx, "2025-06-28 28 Jun 2025, Saturday []"},
     };
     run_features(f, sizeof f / sizeof f[0]);
 }
@@ -444,6 +408,16 @@ static void test_syntax_errors(void **state) {
     for (int i = 0; i < 1000; i++) strcat(deep, "-");
     strcat(deep, "1 }}");
     check_error(deep, 0, TMX_ERR_INVALID, "nested too deeply");
+    strcpy(deep, "{{ 1");
+    for (int i = 0; i < 200; i++) strcat(deep, " + 1");
+    strcat(deep, " }}");
+    check_error(deep, 0, TMX_ERR_INVALID, "nested too deeply");
+    strcpy(deep, "{% if 0 %}");
+    for (int i = 0; i < 200; i++) strcat(deep, "{% elif 0 %}");
+    strcat(deep, "{% endif %}");
+    check_error(deep, 0, TMX_ERR_INVALID, "blocks nested too deeply");
+    check_error("{{ a b }}", 0, TMX_ERR_INVALID, "t:1:6: expected '}}', got 'b'");
+    check_error("{{ f(a=1 b) }}", 0, TMX_ERR_INVALID, "t:1:10: expected ',', got 'b'");
 }
 
 static void test_runtime_errors(void **state) {
@@ -462,6 +436,7 @@ static void test_runtime_errors(void **state) {
     check_error("{{ 1 in 'abc' }}", 0, TMX_ERR_INVALID, "requires string as left operand");
     check_error("{{ 9223372036854775807 + 1 }}", 0, TMX_ERR_INVALID, "integer overflow");
     check_error("{% for x in 3 %}{% endfor %}", 0, TMX_ERR_INVALID, "'int' object is not iterable");
+    check_error("{% for k, v in 'ab' %}{% endfor %}", 0, TMX_ERR_INVALID, "cannot unpack str into 2");
     check_error("{{ 'x'.nomethod() }}", 0, TMX_ERR_INVALID,
                 "'str' object has no method 'nomethod'");
     check_error("{{ 'x'|trim(1, 2) }}", 0, TMX_ERR_INVALID, "trim takes at most 1 argument(s)");
@@ -473,6 +448,8 @@ static void test_runtime_errors(void **state) {
     check_error("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", 0, TMX_ERR_INVALID,
                 "takes not more than 1");
     check_error("{{ range(1000000)|length }}", 0, TMX_ERR_INVALID, "range too big");
+    check_error("{% for a in range(10000) %}{% for b in range(10000) %}{% endfor %}{% endfor %}", 0,
+                TMX_ERR_INVALID, "template runs too long");
     check_error("{{ 'x' * 100000000 }}", 0, TMX_ERR_INVALID, "string too long");
 
     struct tmx_template *t = NULL;
