@@ -396,9 +396,13 @@ static enum tmx_status check_layer(const char *dir, const char *mpath, json_t *e
 enum tmx_status tmx_manifest_verify(const char *dir, int hashes, char **err) {
     char mpath[4096];
     snprintf(mpath, sizeof mpath, "%s/%s", dir, TMX_MANIFEST_NAME);
+    if (access(mpath, F_OK) != 0)
+        return tmx_err(err, TMX_ERR_NOT_FOUND, "%s: no %s (not a quantized build)", dir,
+                       TMX_MANIFEST_NAME);
     json_error_t je;
     json_t *m = json_load_file(mpath, JSON_REJECT_DUPLICATES, &je);
-    if (!m) return tmx_err(err, TMX_ERR_INVALID, "%s: %s", mpath, je.text);
+    if (!m)
+        return tmx_err(err, TMX_ERR_INVALID, "%s:%d:%d: %s", mpath, je.line, je.column, je.text);
     json_t *files = json_object_get(m, "files"), *layers = json_object_get(m, "layers");
     enum tmx_status st = TMX_OK;
     if (!json_is_string(json_object_get(m, "format")) ||

@@ -39,11 +39,15 @@ struct quant {
     json_t *layers;                   /* the report's per-layer entries */
 };
 
-static double now(void) {
+static double clock_s(clockid_t id) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+static double now(void) { return clock_s(CLOCK_MONOTONIC); }
+/* CPU seconds of every thread of the process: throughput that other load does not skew. */
+static double cpu_now(void) { return clock_s(CLOCK_PROCESS_CPUTIME_ID); }
 
 static void emit(const struct quant *q, struct tmx_quantize_progress pr) {
     pr.n_moe = q->n_moe;
@@ -122,6 +126,14 @@ static enum tmx_status on_capture(void *arg, const struct tmx_moe_capture *cap, 
     return TMX_OK;
 }
 
+/* Text tokens in the window at text offset off: up to `per`, and no more than `room` tokens with
+ * the BOS; 0 when nothing fits. */
+static int64_t window_text(int64_t n_ids, int64_t off, int64_t per, int bos, int64_t room) {
+    int64_t n = n_ids - off < per ? n_ids - off : per;
+    if (n + bos > room) n = room - bos;
+    return n > 0 ? n : 0;
+}
+
 /* Windows of `window` tokens (BOS first when the model has one) over the tokenized text, up to
  * max_tokens in all, each run in a fresh sequence. */
 static enum tmx_status calibrate(struct quant *q, char **err) {
@@ -142,10 +154,9 @@ static enum tmx_status calibrate(struct quant *q, char **err) {
     /* Plan the windows first: the capture buffers are sized by the token count. */
     const int64_t per = window - bos;
     int64_t total = 0, windows = 0;
-    for (int64_t off = 0; st == TMX_OK && off < (int64_t)n_ids; off += per) {
-        const int64_t n = ((int64_t)n_ids - off < per ? (int64_t)n_ids - off : per) + bos;
-        if (total + n > max_tokens || n < 2) break;
-        total += n, windows++;
+    for (int64_t off = 0, n; st == TMX_OK && off < (int64_t)n_ids; off += per, windows++) {
+        if (!(n = window_text((int64_t)n_ids, off, per, bos, max_tokens - total))) break;
+        total += n + bos;
     }
     if (st == TMX_OK && windows == 0)
         st = tmx_err(err, TMX_ERR_INVALID, "calibration text: %zu tokens, too few for a window",
@@ -171,9 +182,9 @@ static enum tmx_status calibrate(struct quant *q, char **err) {
     if (st == TMX_OK) st = tmx_seq_set_capture(seq, on_capture, q, err);
     int64_t done = 0;
     for (int64_t w = 0; st == TMX_OK && w < windows; w++) {
-        const int64_t off = w * per, n = ((int64_t)n_ids - off < per ? (int64_t)n_ids - off : per);
+        const int64_t n = window_text((int64_t)n_ids, w * per, per, bos, total - done);
         if (bos) buf[0] = q->mc->bos_token_id;
-        memcpy(buf + bos, ids + off, (size_t)n * sizeof *buf);
+        memcpy(buf + bos, ids + w * per, (size_t)n * sizeof *buf);
         tmx_seq_reset(seq);
         st = tmx_seq_forward(seq, buf, (int)(n + bos), logits, 0, err);
         done += n + bos;
@@ -250,7 +261,7 @@ static enum tmx_status encode_layer(struct quant *q, int l, char **err) {
                                q->n_threads, &h, err);
     int64_t *used = calloc((size_t)E, sizeof *used);
     if (st == TMX_OK && !used) st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
-    const double t1 = now();
+    const double t1 = now(), c1 = cpu_now();
     if (st == TMX_OK) {
         for (int e = 0; e < E; e++) used[e] = h.natural[e] + h.supplemental[e];
         const struct tmx_codec_encode_job job = {
@@ -262,7 +273,7 @@ static enum tmx_status encode_layer(struct quant *q, int l, char **err) {
             .proxy_err = proxy};
         st = q->ops->layer_encode(q->ctx, &job, err);
     }
-    const double t2 = now();
+    const double t2 = now(), c2 = cpu_now();
     if (st == TMX_OK) {
         int n_supp = 0;
         double mean = 0.0;
@@ -275,11 +286,11 @@ static enum tmx_status encode_layer(struct quant *q, int l, char **err) {
             mean += (proxy[3 * e] + proxy[3 * e + 1] + proxy[3 * e + 2]) / (3.0 * E);
         }
         json_array_append_new(q->layers, json_pack(
-            "{s:i, s:i, s:o, s:o, s:i, s:o, s:o, s:{s:o, s:o}}", "layer", l, "experts", E,
+            "{s:i, s:i, s:o, s:o, s:i, s:o, s:o, s:{s:o, s:o, s:o}}", "layer", l, "experts", E,
             "routed_tokens", int_array(h.natural, E), "supplemental_tokens",
             int_array(h.supplemental, E), "experts_supplemented", n_supp, "proxy_error", pe,
             "proxy_error_mean", json_num(mean), "seconds", "hessians", json_num(t1 - t0),
-            "encode", json_num(t2 - t1)));
+            "encode", json_num(t2 - t1), "encode_cpu", json_num(c2 - c1)));
         emit(q, (struct tmx_quantize_progress){.stage = TMX_QUANTIZE_LAYER_DONE,
                                                .seconds = t2 - t0, .n_supplemented = n_supp,
                                                .proxy_mean = mean});

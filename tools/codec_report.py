@@ -8,10 +8,13 @@ For each size S it makes a Muse model like muse-tiny (BF16, tools/make_tiny_mode
 one dense and one MoE layer of --experts experts, moe_latent_size = moe_intermediate_size = S,
 and quantizes it at K = 3 with both TrellisMX codecs on --threads threads. It prints Markdown:
 
-- encoder throughput: expert weights per second of the codec's layer_encode (the "encode"
-  seconds of quantize-report.json: scales, LDLQ, Viterbi, CSF, files; Hessians apart);
+- encoder throughput: expert weights per second of the codec's layer_encode (scales, LDLQ,
+  Viterbi, CSF, files; Hessians apart) on --threads cores, from its CPU seconds in
+  quantize-report.json ("encode_cpu") divided by the threads: the machine may be shared, and
+  CPU time is what other load does not inflate (experts split evenly, so the threads are busy
+  throughout); the wall seconds are shown beside it;
 - the projection to the reconstructed full-size config (../shared/design/muse-architecture.md:
-  62 MoE layers x 256 experts x 3 matrices of 4096 x 4096): seconds per weight fitted as
+  62 MoE layers x 256 experts x 3 matrices of 4096 x 4096): CPU seconds per weight fitted as
   a + b*S over the sizes (the Viterbi search costs the same per weight at every size; the LDLQ
   feedback, the Cholesky factor and the proxy error grow with the matrix side) and evaluated
   at S = 4096;
@@ -95,30 +98,32 @@ def main():
                 with open(os.path.join(out, "quantize-report.json")) as f:
                     layer = json.load(f)["layers"][0]
                 n = args.experts * 3 * side * side
-                rows.append((codec, side, n, layer["seconds"]["encode"],
-                             layer["seconds"]["hessians"], layer["proxy_error_mean"]))
+                sec = layer["seconds"]
+                rows.append((codec, side, n, sec["encode_cpu"], sec["encode"], sec["hessians"],
+                             layer["proxy_error_mean"]))
                 bits.append((codec, side, block, *stored_bits(out)))
 
-    print(f"### Encoder throughput, K = 3, {args.threads} threads\n")
-    print("| codec | matrix side | expert weights | encode s | weights/s | Hessians s | "
-          "mean proxy error |\n|---|---|---|---|---|---|---|")
-    for codec, side, n, enc, hess, proxy in rows:
-        print(f"| {codec} | {side} | {n:,} | {enc:.1f} | {n / enc:,.0f} | {hess:.2f} | "
-              f"{proxy:.4f} |")
+    T = args.threads
+    print(f"### Encoder throughput, K = 3, {T} threads\n")
+    print(f"| codec | matrix side | expert weights | encode CPU s | wall s | weights/s on {T} "
+          "cores | Hessians s | mean proxy error |\n|---|---|---|---|---|---|---|---|")
+    for codec, side, n, cpu, wall, hess, proxy in rows:
+        print(f"| {codec} | {side} | {n:,} | {cpu:.1f} | {wall:.1f} | {n * T / cpu:,.0f} | "
+              f"{hess:.2f} | {proxy:.4f} |")
     full = FULL["layers"] * FULL["experts"] * 3 * FULL["side"] ** 2
     print(f"\nProjection to the reconstructed full-size config ({FULL['layers']} layers x "
           f"{FULL['experts']} experts x 3 matrices of {FULL['side']}^2 = {full:.3g} weights), "
-          f"seconds per weight fitted as a + b*side over the sizes above:\n")
-    print(f"| codec | s/weight at {FULL['side']} | weights/s | {args.threads} threads | "
-          "one 64-core host (linear) |\n|---|---|---|---|---|")
+          f"CPU seconds per weight fitted as a + b*side over the sizes above:\n")
+    print(f"| codec | CPU s/weight at {FULL['side']} | weights/s on {T} cores | {T} cores | "
+          "64 cores (linear) |\n|---|---|---|---|---|")
     for codec, _ in CODECS:
-        pts = [(side, enc / n) for c, side, n, enc, _, _ in rows if c == codec]
+        pts = [(side, cpu / n) for c, side, n, cpu, _, _, _ in rows if c == codec]
         xs, ys = np.array([p[0] for p in pts], float), np.array([p[1] for p in pts])
         b, a = np.polyfit(xs, ys, 1) if len(pts) > 1 else (0.0, ys[0])
         t = a + b * FULL["side"]
         days = full * t / 86400
-        print(f"| {codec} | {t:.3g} | {1 / t:,.0f} | {days:,.0f} days | "
-              f"{days * args.threads / 64:,.1f} days |")
+        print(f"| {codec} | {t:.3g} | {T / t:,.0f} | {days / T:,.0f} days | "
+              f"{days / 64:,.1f} days |")
     print("\n### Bits per expert weight stored, K = 3\n")
     print("| codec | matrix side | trellis | scales raw | scales CSF | matrix scales | "
           "sign vectors | total | files |\n|---|---|---|---|---|---|---|---|---|")

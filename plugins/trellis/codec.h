@@ -1,10 +1,11 @@
-/* codec.h: the inference side of the TrellisMX codec plugins, trellis-e4m3 and trellis-fp4.
+/* codec.h: the TrellisMX codec plugins, trellis-e4m3 and trellis-fp4: loading a build's
+ * experts and running them on the CPU, plus the encoder's entry points for tmx quantize.
  *
  * Each plugin (plugin.c in plugins/codec-trellis-e4m3 and -fp4) is a descriptor whose struct
  * tmx_codec_i points at the functions below; its init names which codec it is, and everything
- * else is shared. The ops follow tmx/plugin.h: a ctx per init, a layer per layer_load; moe_experts and
- * expert_decode run on host memory. Calls on one ctx come from one thread at a time (the model
- * graph's); moe_experts spreads its work over the ctx's own threads.
+ * else is shared. The ops follow tmx/plugin.h: a ctx per init, a layer per layer_load;
+ * moe_experts and expert_decode run on host memory. Calls on one ctx come from one thread at
+ * a time (the model graph's); moe_experts spreads its work over the ctx's own threads.
  *
  * Options (the plugin's option table declares them; the core resolves them):
  *   threads      int     worker threads, 0 = one per core (default: the core key `threads`)
@@ -49,13 +50,15 @@ enum tmx_status tmx_trellis_quant_config_read(const char *path, enum tmx_trellis
 
 /* --- struct tmx_codec_i ------------------------------------------------------------------- */
 
+/* *ctx (its threads and buffers) is freed by tmx_trellis_codec_fini, after every layer. */
 enum tmx_status tmx_trellis_codec_init(const struct tmx_host *host, const struct tmx_opts *opts,
                                        enum tmx_trellis_codec_id id, void **ctx, char **err);
 void tmx_trellis_codec_fini(void *ctx);
 /* Reads hf_quant_config.json, experts/layer-LLL-SSS-EEE.safetensors and
  * coupled/layer-LLL.safetensors of info->model_dir (§10), checks every name, dtype, shape and
  * metadata field, expands the block scales (CSF) and keeps the trellis words and sign vectors
- * as views of the mmapped files. */
+ * as views of the mmapped files. *layer owns the mappings and the scales until
+ * tmx_trellis_codec_layer_free. */
 enum tmx_status tmx_trellis_codec_layer_load(void *ctx, const struct tmx_codec_layer_info *info,
                                              void **layer, char **err);
 void tmx_trellis_codec_layer_free(void *ctx, void *layer);
@@ -64,7 +67,8 @@ enum tmx_status tmx_trellis_codec_moe_experts(void *ctx, void *layer, float *out
                                               const int32_t *ids, const float *weights, int n,
                                               int k, const struct tmx_tensor *post_norm,
                                               float eps, char **err);
-/* W = diag(s_out) H (g B . C) H diag(s_in) of one projection (0 gate, 1 up, 2 down). */
+/* w (caller-owned, [rows][cols] of the projection) = diag(s_out) H (g B . C) H diag(s_in) of
+ * one projection (0 gate, 1 up, 2 down). */
 enum tmx_status tmx_trellis_codec_expert_decode(void *ctx, void *layer, int expert, int proj,
                                                 float *w, char **err);
 /* tmx quantize's ops: the encoder of encode.h and the codec's members of hf_quant_config.json,

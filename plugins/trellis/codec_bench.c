@@ -73,7 +73,8 @@ static uint32_t rnd(void) {
 static struct tmx_trellis_matrix random_matrix(const struct tmx_trellis_law *law, int K,
                                                int block, int64_t rows, int64_t cols,
                                                const uint8_t *sign_in, const uint8_t *sign_out) {
-    const int64_t n_words = rows * cols / 256 * tmx_trellis_words(K), n_scales = rows * cols / block;
+    const int64_t n_words = rows * cols / 256 * tmx_trellis_words(K),
+                  n_scales = rows * cols / block;
     uint32_t *words = malloc((size_t)n_words * sizeof *words);
     uint8_t *scales = malloc((size_t)n_scales);
     if (!words || !scales) {
@@ -129,7 +130,8 @@ static struct timing block_time(struct trellis_codec *c, struct trellis_layer *l
     float *z = malloc(sizeof(float) * (size_t)(n * l->latent)),
           *out = malloc(sizeof(float) * (size_t)(n * l->latent)), w[32];
     int32_t ids[32] = {0};
-    for (int64_t i = 0; i < (int64_t)n * l->latent; i++) z[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+    for (int64_t i = 0; i < (int64_t)n * l->latent; i++)
+        z[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
     for (int i = 0; i < n; i++) w[i] = 1.0f;
     struct block_job j = {c, l, n, z, w, ids, out};
     const struct timing t = best_of(block_run, &j);
@@ -182,7 +184,7 @@ int main(int argc, char **argv) {
         }
 
     printf("\nExpert block (moe_experts), one expert of latent = inter = %lld, K = 3, %d "
-           "threads, ms per call (and the cores the run had):\n\n", (long long)side, threads);
+           "threads: ms per call, CPU ms per call:\n\n", (long long)side, threads);
     printf("| codec | activations | 1 token | 8 tokens | 32 tokens |\n|---|---|---|---|---|\n");
     uint8_t *signs = calloc((size_t)side / 8, 1);
     for (int id = 0; id < 2; id++) {
@@ -200,7 +202,7 @@ int main(int argc, char **argv) {
             printf("| %s | %s |", spec->name, serving ? "serving" : "f32");
             for (int n = 1; n <= 32; n *= n == 1 ? 8 : 4) {
                 const struct timing t = block_time(c, &l, n);
-                printf(" %.2f (%.2f) |", 1e3 * t.wall, t.cpu / t.wall);
+                printf(" %.2f, %.2f |", 1e3 * t.wall, 1e3 * t.cpu);
             }
             printf("\n");
             fflush(stdout);

@@ -8,6 +8,10 @@
 
 #define TRELLIS_GROUP 32 /* tokens one work item multiplies with each decoded tile */
 #define TRELLIS_CHUNK 4  /* tiles decoded at a time, then multiplied with every token */
+/* moe_experts' buffers; longer steps go in token chunks. Each chunk decodes its experts'
+ * weights anew, so the budget holds a 512-token step of the full-size model (latent = inter =
+ * 4096, top 8: 425 KiB a token) in one. */
+#define TRELLIS_SCRATCH_BUDGET ((size_t)256 << 20)
 
 /* A ctx: one per plugin init. */
 struct trellis_codec {
@@ -16,7 +20,8 @@ struct trellis_codec {
     enum tmx_trellis_codec_id id;
     int serving;                 /* 1: activations in the serving formats (§7); 0: F32 */
     struct trellis_pool *pool;
-    void *scratch;               /* moe_experts' buffers, grown on demand */
+    size_t budget;               /* TRELLIS_SCRATCH_BUDGET (tests lower it) */
+    void *scratch;               /* moe_experts' buffers, grown on demand up to the budget */
     size_t scratch_size;
 };
 

@@ -76,13 +76,12 @@ enum tmx_status tmx_trellis_matrix_encode(struct tmx_trellis_viterbi *vit,
         for (int64_t tc = tiles_c - 1; tc >= 0; tc--) {
             const int64_t c0 = 16 * tc;
             memset(fb, 0, sizeof fb);
-            for (int64_t i = c0 + 16; io->a && i < cols; i++) {
-                const double *ai = io->a + i * cols + c0; /* [16] */
-                for (int r = 0; r < 16; r++) {
-                    const double ei = e[r * cols + i];
+            /* A row's 16 sums stay in registers while the feedback rows stream by. */
+            for (int r = 0; io->a && r < 16; r++)
+                for (int64_t i = c0 + 16; i < cols; i++) {
+                    const double ei = e[r * cols + i], *ai = io->a + i * cols + c0; /* [16] */
                     for (int k = 0; k < 16; k++) fb[r][k] += ei * ai[k];
                 }
-            }
             for (int r = 0; r < 16; r++) {
                 const int64_t row = 16 * s + r;
                 const double step = (double)g * tmx_e4m3_to_f32(io->scales[row * nb + c0 / block]);
@@ -311,9 +310,9 @@ static enum tmx_status write_chunk(struct layer_enc *le, int first, int64_t E, c
         }
         starts[p][0] = 0;
         for (int i = 0; i < E; i++) { /* uint32 bit patterns, stored as I32 */
-            memcpy(exc[p] + starts[p][i], o->exc[first + i],
-                   (size_t)o->n_exc[first + i] * sizeof(uint32_t));
-            starts[p][i + 1] = starts[p][i] + (int32_t)o->n_exc[first + i];
+            const int64_t n = o->n_exc[first + i];
+            if (n) memcpy(exc[p] + starts[p][i], o->exc[first + i], (size_t)n * sizeof(uint32_t));
+            starts[p][i + 1] = starts[p][i] + (int32_t)n;
         }
         const int64_t tiles = o->rows * o->cols / TMX_TRELLIS_TILE;
         const struct tmx_tensor pt[5] = {

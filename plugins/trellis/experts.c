@@ -22,8 +22,7 @@
 #include "encode.h"
 #include "tmx/tensor.h"
 
-#define ROWS_PER_ITEM 128                 /* matrix rows one work item computes */
-#define SCRATCH_BUDGET ((size_t)64 << 20) /* step buffers; longer steps go in token chunks */
+#define ROWS_PER_ITEM 128 /* matrix rows one work item computes */
 
 /* --- ctx ------------------------------------------------------------------------------------ */
 
@@ -38,6 +37,7 @@ enum tmx_status trellis_codec_new(const struct tmx_host *host, enum tmx_trellis_
     c->spec = tmx_trellis_codec_spec(id);
     c->id = id;
     c->serving = serving;
+    c->budget = TRELLIS_SCRATCH_BUDGET;
     *out = c;
     return TMX_OK;
 }
@@ -313,7 +313,7 @@ enum tmx_status tmx_trellis_codec_moe_experts(void *ctx, void *layer, float *out
     struct step s = {.c = c, .l = l, .k = k, .eps = eps};
     const size_t base = step_layout(&s, NULL, 0, threads),
                  per_token = step_layout(&s, NULL, 1, threads) - base;
-    int64_t chunk = SCRATCH_BUDGET > base + per_token ? (SCRATCH_BUDGET - base) / per_token : 1;
+    int64_t chunk = c->budget > base + per_token ? (c->budget - base) / per_token : 1;
     if (chunk > n) chunk = n;
     const size_t need = step_layout(&s, NULL, chunk, threads);
     if (need > c->scratch_size) {

@@ -104,8 +104,8 @@ static enum tmx_status load_coupled(const struct tmx_host *host, const char *dir
     for (int i = 0; st == TMX_OK && i < 3; i++) {
         const struct tmx_tensor want = {TMX_DTYPE_U8, 1, {sizes[i]}, NULL};
         struct tmx_tensor t;
-        st = find(host, l->coupled, path, names[i], &want, &t, err);
-        *signs[i] = t.data;
+        if ((st = find(host, l->coupled, path, names[i], &want, &t, err)) == TMX_OK)
+            *signs[i] = t.data;
     }
     return st;
 }

@@ -153,6 +153,35 @@ enum tmx_status tmx_trellis_ldlq_factor(const double *h, int64_t n, double *a, d
 
 /* --- the proxy error ----------------------------------------------------------------------- */
 
+typedef double f64x4 __attribute__((vector_size(32)));
+
+static inline f64x4 load4(const double *p) {
+    f64x4 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline double sum4(f64x4 v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+
+/* For rows i..i+3 of h[n][n] (n % 4 == 0): *num += sum_k e[i+k] (h_{i+k} . e) and likewise
+ * *den for w: eight dot products that share every load. */
+static void rows4(const double *h, int64_t i, const double *e, const double *w, int64_t n,
+                  double *num, double *den) {
+    f64x4 ae[4] = {{0}}, aw[4] = {{0}};
+    for (int64_t j = 0; j < n; j += 4) {
+        const f64x4 ev = load4(e + j), wv = load4(w + j);
+        for (int k = 0; k < 4; k++) {
+            const f64x4 hv = load4(h + (i + k) * n + j);
+            ae[k] += hv * ev;
+            aw[k] += hv * wv;
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        *num += e[i + k] * sum4(ae[k]);
+        *den += w[i + k] * sum4(aw[k]);
+    }
+}
+
 enum tmx_status tmx_trellis_proxy_error(const float *w, const float *q, int64_t rows,
                                         int64_t cols, const double *h, double *out, char **err) {
     double num = 0.0, den = 0.0;
@@ -178,13 +207,9 @@ enum tmx_status tmx_trellis_proxy_error(const float *w, const float *q, int64_t 
                 x[r * cols + c] = (double)w[k] - q[k];
                 x[(S + r) * cols + c] = w[k];
             }
-        for (int64_t i = 0; i < cols; i++) {
-            const double *hi = h + i * cols;
-            for (int r = 0; r < n; r++) {
-                num += x[r * cols + i] * dot(hi, x + r * cols, cols);
-                den += x[(S + r) * cols + i] * dot(hi, x + (S + r) * cols, cols);
-            }
-        }
+        for (int64_t i = 0; i < cols; i += 4) /* cols % 128 == 0 */
+            for (int r = 0; r < n; r++)
+                rows4(h, i, x + r * cols, x + (S + r) * cols, cols, &num, &den);
     }
     free(x);
     *out = den > 0.0 ? num / den : 0.0;

@@ -64,7 +64,8 @@ static inline f32x8 lookup(const float *table, u32x8 idx) {
 
 /* The value of each legal block scale, 0x00..0x7E (E4M3: m 2^-9 below 0x08, else
  * (8 + m) 2^(e - 10)); 0x7F is never met. */
-#define SCALE(c) ((c) < 8 ? (float)(c) / 512.0f : (float)(8 + ((c) & 7)) * (float)(1 << ((c) >> 3)) / 1024.0f)
+#define SCALE(c) \
+    ((c) < 8 ? (float)(c) / 512.0f : (float)(8 + ((c) & 7)) * (float)(1 << ((c) >> 3)) / 1024.0f)
 #define SCALES8(c) SCALE(c), SCALE(c + 1), SCALE(c + 2), SCALE(c + 3), SCALE(c + 4), \
                    SCALE(c + 5), SCALE(c + 6), SCALE(c + 7)
 static const float scale_value[128] = {

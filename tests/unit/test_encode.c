@@ -1,6 +1,7 @@
 /* test_encode.c: the TrellisMX encoder (plugins/trellis/encode.c, ldlq.c).
  *
- * - Rotations: a matrix and its Hessian rotated alike keep tr(W H W^T).
+ * - Rotations: a matrix and its Hessian rotated alike keep tr(W H W^T); the proxy error is
+ *   tr(E H E^T) / tr(W H W^T).
  * - LDLQ: on inputs with correlated features, coding with the Hessian's feedback gives a lower
  *   proxy error tr(E H E^T) / tr(W H W^T) than coding each tile for plain squared error.
  * - The stream is what the decoder reads: the encoder's reconstruction equals
@@ -121,6 +122,25 @@ static void test_ldlq_beats_plain(void **state) {
         assert_true(mse < 0.03); /* K = 3 on Gaussian weights: about the Gaussian figure */
     }
     free(x), free(w), free(h), free(a);
+}
+
+static void test_proxy_error(void **state) {
+    (void)state;
+    float *x = malloc(sizeof(float) * T * N), *w = malloc(sizeof(float) * N * N),
+          *q = malloc(sizeof(float) * N * N), *e = malloc(sizeof(float) * N * N);
+    double *h = malloc(sizeof(double) * N * N), got;
+    uint64_t seed = 13;
+    correlated_inputs(17, x);
+    hessian(x, h);
+    tmx_trellis_gauss_fill(&seed, w, N * N);
+    tmx_trellis_gauss_fill(&seed, q, N * N);
+    for (int i = 0; i < N * N; i++) q[i] = w[i] + 0.1f * q[i], e[i] = w[i] - q[i];
+    assert_int_equal(tmx_trellis_proxy_error(w, q, N, N, h, &got, NULL), TMX_OK);
+    const double want = trace_whw(e, h) / trace_whw(w, h);
+    assert_true(fabs(got - want) <= 1e-9 * want);
+    assert_int_equal(tmx_trellis_proxy_error(w, w, N, N, h, &got, NULL), TMX_OK);
+    assert_true(got == 0.0);
+    free(x), free(w), free(q), free(e), free(h);
 }
 
 static void test_ldlq_rejects(void **state) {
@@ -292,6 +312,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rotations_agree),
         cmocka_unit_test(test_ldlq_beats_plain),
+        cmocka_unit_test(test_proxy_error),
         cmocka_unit_test(test_ldlq_rejects),
         cmocka_unit_test(test_layer_files),
         cmocka_unit_test(test_quant_config),

@@ -46,9 +46,9 @@ struct tmx_opts;
 /* Checks the option table of plugin p (loaded from the file `path`, which messages name) and
  * resolves each option from, in order: the command line, TMX_<KIND>_<NAME>_<OPTION> (read now),
  * the file's "plugins" section, then the table's default; a kernel set's or codec's int option
- * "threads" takes the core key "threads" before its default. An option set in the file or on the command
- * line that the table lacks, or a value that is not of the option's type, is an error naming
- * the plugin, the option and where it was set. *out is freed with tmx_opts_free. */
+ * "threads" takes the core key "threads" before its default. An option set in the file or on
+ * the command line that the table lacks, or a value that is not of the option's type, is an
+ * error naming the plugin, the option and where it was set. *out is freed with tmx_opts_free. */
 enum tmx_status tmx_config_plugin_opts(const struct tmx_config *cfg, const struct tmx_plugin *p,
                                        const char *path, struct tmx_opts **out, char **err);
 void tmx_opts_free(struct tmx_opts *opts);
