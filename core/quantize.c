@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,9 +62,10 @@ static json_t *json_num(double v) { return isfinite(v) ? json_real(v) : json_nul
 
 /* --- opening ------------------------------------------------------------------------------- */
 
-static int has_op(const struct tmx_codec_i *ops, size_t end) { return ops->struct_size >= end; }
+/* An optional op the codec's table is long enough to hold and sets (tmx/plugin.h). */
 #define CODEC_HAS(ops, member)                                                                \
-    (has_op(ops, offsetof(struct tmx_codec_i, member) + sizeof(ops->member)) && ops->member)
+    ((ops)->struct_size >= offsetof(struct tmx_codec_i, member) + sizeof((ops)->member) &&    \
+     (ops)->member)
 
 static enum tmx_status open_all(struct quant *q, char **err) {
     const struct tmx_quantize_params *p = q->p;
