@@ -26,7 +26,13 @@ enum tmx_status tmx_verr(char **err, enum tmx_status st, const char *fmt, va_lis
     int n = vsnprintf(NULL, 0, fmt, ap2);
     va_end(ap2);
     char *msg = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (msg) vsnprintf(msg, (size_t)n + 1, fmt, ap);
+    if (msg) {
+        vsnprintf(msg, (size_t)n + 1, fmt, ap);
+        /* Messages quote untrusted names and JSON excerpts; a control byte among them must not
+         * break the one-line promise or a log line. */
+        for (char *c = msg; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    }
     *err = msg;
     return st;
 }
