@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "tmx/config.h"
+#include "tmx/kvcache.h"
 #include "tmx/log.h"
 #include "tmx/plugin.h"
 
@@ -40,6 +41,10 @@ static const struct core_key {
     {"max_waiting", KEY_INT, "TMX_MAX_WAITING", "64", 0, 1 << 20},
     {"log_level", KEY_STR, "TMX_LOG_LEVEL", "info", 0, 0},
     {"verify", KEY_BOOL, "TMX_VERIFY", "true", 0, 0},
+    {"kv_dtype", KEY_STR, "TMX_KV_DTYPE", "f32", 0, 0},
+    {"kv_block_size", KEY_INT, "TMX_KV_BLOCK_SIZE", "16", 1, 4096},
+    {"kv_tokens", KEY_INT, "TMX_KV_TOKENS", "0", 0, INT_MAX},
+    {"prefix_cache", KEY_BOOL, "TMX_PREFIX_CACHE", "true", 0, 0},
 };
 #define N_CORE_KEYS (sizeof core_keys / sizeof core_keys[0])
 
@@ -139,6 +144,9 @@ static enum tmx_status set_str(struct tmx_config *cfg, int k, const char *s, con
     if (strcmp(key, "log_level") == 0 && tmx_log_level_parse(s, &level) != TMX_OK)
         return tmx_err(err, TMX_ERR_INVALID,
                        "%s: log_level: '%s' is not one of error, warn, info, debug", src, s);
+    if (strcmp(key, "kv_dtype") == 0 && tmx_kv_dtype_parse(s) == TMX_DTYPE_COUNT)
+        return tmx_err(err, TMX_ERR_INVALID,
+                       "%s: kv_dtype: '%s' is not one of f32, bf16, fp8, int8", src, s);
     char *copy = strdup(s);
     if (!copy) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     free(cfg->v[k].str);

@@ -3,7 +3,9 @@
  * Each op has a setup, which draws the inputs, uploads them and computes the reference with
  * double accumulation, and a run, which calls the kernel set's op on the uploaded arrays.
  * Weights are drawn in their own dtype, so the reference sees exactly the values the kernel set
- * sees and the only differences left are the kernel set's rounding. */
+ * sees and the only differences left are the kernel set's rounding. KV caches likewise: the
+ * caches attention reads hold what kv_store would have stored, and its reference dequantizes
+ * those bytes; kv_store's own references are the stored bytes, which must match exactly. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -15,7 +17,7 @@
 
 enum conform_op {
     OP_EMBED, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_KV_STORE, OP_ATTENTION, OP_MOE_ROUTE,
-    OP_MOE_EXPERTS, OP_SWIGLU, OP_ADD_GATED,
+    OP_MOE_EXPERTS, OP_SWIGLU, OP_ADD_GATED, OP_GATHER,
 };
 
 /* Variant flags. */
@@ -24,18 +26,22 @@ enum conform_op {
 #define IN_PLACE 2u     /* rmsnorm: out = x; swiglu: out = gate */
 #define SOFTMAX 4u      /* moe_route: softmax scores (default sigmoid) */
 #define NO_NORM_TOPK 8u /* moe_route: weights not divided by their sum */
-#define TIES 16u        /* moe_route: logits from five values, so that many scores tie */
+#define TIES 16u        /* moe_route: logits from five values, so that many scores tie;
+                           kv_store: values halfway between two codes */
 #define SMALL 32u       /* rmsnorm: inputs near zero, where eps matters */
+#define WIDE 64u        /* kv_store: inputs over many binades, down to F8 subnormals */
 
 struct spec {
     const char *name;
     enum conform_op op;
-    enum tmx_dtype dt;         /* weight dtype */
+    enum tmx_dtype dt;         /* weight dtype; kv_store, attention: the cache's */
     unsigned flags;
     int n;                     /* token rows */
-    int m, d;                  /* matmul: w [m][d]; embed: table [m][d]; others: rows of width d */
+    int m, d;                  /* matmul: w [m][d]; embed: table [m][d]; gather: x [m][d];
+                                  others: rows of width d */
     int heads, kv_heads, hd;   /* rope (heads), kv_store (kv_heads), attention */
-    int cap, window, p0;       /* KV cache slots, sliding window (0: full), first position */
+    int block, window;         /* cache block size, sliding window (0: full) */
+    int seqs, ctx;             /* sequences in the step, the longest one's length */
     int n_exp, top_k, expert0; /* moe_route, moe_experts */
     int latent, inter;         /* moe_experts */
     float scale;               /* moe_route: routed_scaling_factor */
@@ -44,6 +50,8 @@ struct spec {
 #define F32 TMX_DTYPE_F32
 #define BF16 TMX_DTYPE_BF16
 #define F16 TMX_DTYPE_F16
+#define F8 TMX_DTYPE_F8_E4M3
+#define I8 TMX_DTYPE_I8
 
 static const struct spec specs[] = {
     {"embed/f32/n3-v50-d40", OP_EMBED, F32, 0, .n = 3, .m = 50, .d = 40},
@@ -80,23 +88,63 @@ static const struct spec specs[] = {
     {"rope/n5-h3-hd32", OP_ROPE, F32, 0, .n = 5, .heads = 3, .hd = 32},
     {"rope/n3-h2-hd6", OP_ROPE, F32, 0, .n = 3, .heads = 2, .hd = 6},
 
-    {"kv_store/n1-hkv2-hd16-cap8", OP_KV_STORE, F32, 0, .n = 1, .kv_heads = 2, .hd = 16,
-     .cap = 8, .p0 = 5},
-    {"kv_store/wrap/n5-hkv1-hd24-cap8", OP_KV_STORE, F32, 0, .n = 5, .kv_heads = 1, .hd = 24,
-     .cap = 8, .p0 = 6},
+    {"kv_store/f32/s1-n1-hkv8-hd128-b16-ctx37", OP_KV_STORE, F32, 0, .n = 1, .kv_heads = 8,
+     .hd = 128, .block = 16, .seqs = 1, .ctx = 37},
+    {"kv_store/f32/s3-n7-hkv2-hd16-b16-ctx40", OP_KV_STORE, F32, 0, .n = 7, .kv_heads = 2,
+     .hd = 16, .block = 16, .seqs = 3, .ctx = 40},
+    {"kv_store/bf16/s2-n5-hkv1-hd24-b5-ctx13", OP_KV_STORE, BF16, 0, .n = 5, .kv_heads = 1,
+     .hd = 24, .block = 5, .seqs = 2, .ctx = 13},
+    {"kv_store/f8/s3-n9-hkv2-hd32-b5-ctx21", OP_KV_STORE, F8, 0, .n = 9, .kv_heads = 2,
+     .hd = 32, .block = 5, .seqs = 3, .ctx = 21},
+    {"kv_store/f8-wide/s2-n6-hkv2-hd20-b16-ctx30", OP_KV_STORE, F8, WIDE, .n = 6,
+     .kv_heads = 2, .hd = 20, .block = 16, .seqs = 2, .ctx = 30},
+    {"kv_store/f8/s4-n64-hkv4-hd64-b16-ctx50", OP_KV_STORE, F8, 0, .n = 64, .kv_heads = 4,
+     .hd = 64, .block = 16, .seqs = 4, .ctx = 50},
+    {"kv_store/i8/s3-n8-hkv4-hd16-b1-ctx9", OP_KV_STORE, I8, 0, .n = 8, .kv_heads = 4,
+     .hd = 16, .block = 1, .seqs = 3, .ctx = 9},
+    {"kv_store/i8-wide/s2-n5-hkv1-hd40-b16-ctx19", OP_KV_STORE, I8, WIDE, .n = 5,
+     .kv_heads = 1, .hd = 40, .block = 16, .seqs = 2, .ctx = 19},
+    {"kv_store/bf16-ties/s1-n3-hkv1-hd16-b1-ctx3", OP_KV_STORE, BF16, TIES, .n = 3,
+     .kv_heads = 1, .hd = 16, .block = 1, .seqs = 1, .ctx = 3},
+    {"kv_store/f8-ties/s2-n4-hkv2-hd32-b16-ctx20", OP_KV_STORE, F8, TIES, .n = 4,
+     .kv_heads = 2, .hd = 32, .block = 16, .seqs = 2, .ctx = 20},
+    {"kv_store/i8-ties/s2-n4-hkv2-hd32-b5-ctx11", OP_KV_STORE, I8, TIES, .n = 4,
+     .kv_heads = 2, .hd = 32, .block = 5, .seqs = 2, .ctx = 11},
 
-    {"attention/mha/n1-hq8-hkv8-hd32-p40", OP_ATTENTION, F32, 0, .n = 1, .heads = 8,
-     .kv_heads = 8, .hd = 32, .cap = 64, .p0 = 40},
-    {"attention/gqa4/n1-hq8-hkv2-hd64-p63", OP_ATTENTION, F32, 0, .n = 1, .heads = 8,
-     .kv_heads = 2, .hd = 64, .cap = 64, .p0 = 63},
-    {"attention/gqa2/n7-hq4-hkv2-hd16-p0", OP_ATTENTION, F32, 0, .n = 7, .heads = 4,
-     .kv_heads = 2, .hd = 16, .cap = 32, .p0 = 0},
-    {"attention/long/n4-hq4-hkv4-hd8-p290", OP_ATTENTION, F32, 0, .n = 4, .heads = 4,
-     .kv_heads = 4, .hd = 8, .cap = 300, .p0 = 290},
-    {"attention/sliding-ring/n5-hq6-hkv1-hd24-w8-p30", OP_ATTENTION, F32, 0, .n = 5, .heads = 6,
-     .kv_heads = 1, .hd = 24, .cap = 16, .window = 8, .p0 = 30},
-    {"attention/sliding-start/n3-hq2-hkv1-hd40-w4-p1", OP_ATTENTION, F32, 0, .n = 3, .heads = 2,
-     .kv_heads = 1, .hd = 40, .cap = 6, .window = 4, .p0 = 1},
+    {"attention/f32-mha/s1-n1-hq8-hkv8-hd32-b16-ctx41", OP_ATTENTION, F32, 0, .n = 1,
+     .heads = 8, .kv_heads = 8, .hd = 32, .block = 16, .seqs = 1, .ctx = 41},
+    {"attention/f32-gqa4/s3-n3-hq8-hkv2-hd64-b16-ctx64", OP_ATTENTION, F32, 0, .n = 3,
+     .heads = 8, .kv_heads = 2, .hd = 64, .block = 16, .seqs = 3, .ctx = 64},
+    {"attention/f32-gqa2/s2-n9-hq4-hkv2-hd16-b5-ctx12", OP_ATTENTION, F32, 0, .n = 9,
+     .heads = 4, .kv_heads = 2, .hd = 16, .block = 5, .seqs = 2, .ctx = 12},
+    {"attention/f32-long/s2-n4-hq4-hkv4-hd8-b16-ctx300", OP_ATTENTION, F32, 0, .n = 4,
+     .heads = 4, .kv_heads = 4, .hd = 8, .block = 16, .seqs = 2, .ctx = 300},
+    {"attention/f32-sliding/s3-n7-hq6-hkv1-hd24-w8-b5-ctx40", OP_ATTENTION, F32, 0, .n = 7,
+     .heads = 6, .kv_heads = 1, .hd = 24, .block = 5, .window = 8, .seqs = 3, .ctx = 40},
+    {"attention/f32-sliding-short/s2-n5-hq2-hkv1-hd40-w3-b16-ctx50", OP_ATTENTION, F32, 0,
+     .n = 5, .heads = 2, .kv_heads = 1, .hd = 40, .block = 16, .window = 3, .seqs = 2,
+     .ctx = 50},
+    {"attention/f32-b1/s2-n4-hq4-hkv2-hd16-b1-ctx20", OP_ATTENTION, F32, 0, .n = 4, .heads = 4,
+     .kv_heads = 2, .hd = 16, .block = 1, .seqs = 2, .ctx = 20},
+    {"attention/bf16-gqa4/s3-n6-hq8-hkv2-hd64-b16-ctx90", OP_ATTENTION, BF16, 0, .n = 6,
+     .heads = 8, .kv_heads = 2, .hd = 64, .block = 16, .seqs = 3, .ctx = 90},
+    {"attention/bf16-sliding/s2-n5-hq4-hkv2-hd32-w10-b5-ctx47", OP_ATTENTION, BF16, 0, .n = 5,
+     .heads = 4, .kv_heads = 2, .hd = 32, .block = 5, .window = 10, .seqs = 2, .ctx = 47},
+    {"attention/f8-gqa4/s3-n6-hq8-hkv2-hd64-b16-ctx90", OP_ATTENTION, F8, 0, .n = 6,
+     .heads = 8, .kv_heads = 2, .hd = 64, .block = 16, .seqs = 3, .ctx = 90},
+    {"attention/f8-sliding-short/s2-n5-hq6-hkv3-hd24-w6-b16-ctx60", OP_ATTENTION, F8, 0,
+     .n = 5, .heads = 6, .kv_heads = 3, .hd = 24, .block = 16, .window = 6, .seqs = 2,
+     .ctx = 60},
+    {"attention/f8-b1/s2-n3-hq4-hkv1-hd12-b1-ctx17", OP_ATTENTION, F8, 0, .n = 3, .heads = 4,
+     .kv_heads = 1, .hd = 12, .block = 1, .seqs = 2, .ctx = 17},
+    {"attention/f8-long/s1-n2-hq2-hkv1-hd32-b16-ctx280", OP_ATTENTION, F8, 0, .n = 2,
+     .heads = 2, .kv_heads = 1, .hd = 32, .block = 16, .seqs = 1, .ctx = 280},
+    {"attention/i8-gqa2/s3-n6-hq4-hkv2-hd64-b16-ctx90", OP_ATTENTION, I8, 0, .n = 6,
+     .heads = 4, .kv_heads = 2, .hd = 64, .block = 16, .seqs = 3, .ctx = 90},
+    {"attention/i8-sliding/s2-n5-hq4-hkv2-hd20-w9-b5-ctx47", OP_ATTENTION, I8, 0, .n = 5,
+     .heads = 4, .kv_heads = 2, .hd = 20, .block = 5, .window = 9, .seqs = 2, .ctx = 47},
+    {"attention/i8-long/s1-n2-hq2-hkv1-hd32-b16-ctx280", OP_ATTENTION, I8, 0, .n = 2,
+     .heads = 2, .kv_heads = 1, .hd = 32, .block = 16, .seqs = 1, .ctx = 280},
 
     {"moe_route/sigmoid-bias/n4-e32-k4", OP_MOE_ROUTE, F32, 0, .n = 4, .n_exp = 32, .top_k = 4,
      .scale = 2.5f},
@@ -129,11 +177,17 @@ static const struct spec specs[] = {
     {"add_gated/bf16/n2-d33", OP_ADD_GATED, BF16, 0, .n = 2, .d = 33},
     {"add_gated/f16/n1-d8", OP_ADD_GATED, F16, 0, .n = 1, .d = 8},
     {"add_gated/none/n4-d17", OP_ADD_GATED, F32, NO_WEIGHT, .n = 4, .d = 17},
+
+    {"gather/n1-m7-d64", OP_GATHER, F32, 0, .n = 1, .m = 7, .d = 64},
+    {"gather/n12-m5-d33", OP_GATHER, F32, 0, .n = 12, .m = 5, .d = 33},
+    {"gather/n300-m400-d256", OP_GATHER, F32, 0, .n = 300, .m = 400, .d = 256},
 };
 
 #undef F32
 #undef BF16
 #undef F16
+#undef F8
+#undef I8
 
 #define N_SPECS (sizeof specs / sizeof specs[0])
 
@@ -143,10 +197,10 @@ static const struct spec specs[] = {
 /* --- a case on a kernel set ------------------------------------------------------------------- */
 
 struct output {
-    void *dev;     /* the kernel set's buffer */
-    size_t count;  /* elements: F32, or I32 when is_int */
-    int is_int;
-    double *ref;   /* [count] */
+    void *dev;          /* the kernel set's buffer */
+    size_t count;       /* elements of dt */
+    enum tmx_dtype dt;  /* F32; I32 (must match exactly); BF16, F8_E4M3 or I8 (a KV cache) */
+    double *ref;        /* [count], as F32 */
 };
 
 struct tmx_conform_case {
@@ -167,7 +221,9 @@ struct tmx_conform_case {
     void *arg[5];             /* device addresses of the op's arrays, in the setup's order */
     struct tmx_tensor w;      /* the op's weight, when it has one */
     struct tmx_moe_weights moe;
-    struct output out[2];
+    struct tmx_kv_cache kv;   /* kv_store, attention: device addresses */
+    int max_blocks;           /* attention: entries of a block table */
+    struct output out[4];
     int n_out;
     unsigned char *got; /* outputs read by the last check */
     size_t got_bytes;
@@ -309,11 +365,11 @@ static const double *weight(struct tmx_conform_case *c, enum tmx_dtype dt, int64
     return c->status == TMX_OK ? v : NULL;
 }
 
-/* Declares buffer dev ([count] F32, or I32) an output; returns its reference, to be filled. */
-static double *output(struct tmx_conform_case *c, void *dev, size_t count, int is_int) {
+/* Declares buffer dev ([count] of dt) an output; returns its reference, to be filled. */
+static double *output(struct tmx_conform_case *c, void *dev, size_t count, enum tmx_dtype dt) {
     double *ref = dev ? host_alloc(c, count * sizeof *ref) : NULL;
     if (!ref) return NULL;
-    c->out[c->n_out++] = (struct output){dev, count, is_int, ref};
+    c->out[c->n_out++] = (struct output){dev, count, dt, ref};
     return ref;
 }
 
@@ -327,7 +383,7 @@ static enum tmx_status embed_new(struct tmx_conform_case *c) {
     for (int t = 0; t < s->n; t++) ids[t] = randint(c, 0, s->m - 1);
     c->arg[0] = upload(c, ids, (size_t)s->n * sizeof *ids);
     c->arg[1] = buffer(c, (size_t)s->n * s->d * sizeof(float));
-    double *ref = output(c, c->arg[1], (size_t)s->n * s->d, 0);
+    double *ref = output(c, c->arg[1], (size_t)s->n * s->d, TMX_DTYPE_F32);
     if (!ref || !c->arg[0]) return c->status;
     for (int t = 0; t < s->n; t++)
         for (int i = 0; i < s->d; i++) ref[t * s->d + i] = table[(size_t)ids[t] * s->d + i];
@@ -348,7 +404,7 @@ static enum tmx_status rmsnorm_new(struct tmx_conform_case *c) {
     const double *w = NULL;
     if (!(s->flags & NO_WEIGHT)) w = weight(c, s->dt, s->d, 0, 0.5, 1.5, &c->w);
     c->arg[1] = s->flags & IN_PLACE ? c->arg[0] : buffer(c, count * sizeof(float));
-    double *ref = output(c, c->arg[1], count, 0);
+    double *ref = output(c, c->arg[1], count, TMX_DTYPE_F32);
     if (!x || !ref || c->status != TMX_OK) return c->status;
     for (int r = 0; r < s->n; r++) {
         const float *xr = x + (size_t)r * s->d;
@@ -373,7 +429,7 @@ static enum tmx_status matmul_new(struct tmx_conform_case *c) {
     const float *x = input(c, (size_t)s->n * s->d, -1, 1, &c->arg[0]);
     const double *w = weight(c, s->dt, s->m, s->d, -1, 1, &c->w);
     c->arg[1] = buffer(c, (size_t)s->n * s->m * sizeof(float));
-    double *ref = output(c, c->arg[1], (size_t)s->n * s->m, 0);
+    double *ref = output(c, c->arg[1], (size_t)s->n * s->m, TMX_DTYPE_F32);
     if (!x || !w || !ref) return c->status;
     for (int t = 0; t < s->n; t++)
         for (int r = 0; r < s->m; r++) {
@@ -403,7 +459,7 @@ static enum tmx_status rope_new(struct tmx_conform_case *c) {
     for (int i = 0; i < half; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / s->hd);
     c->arg[1] = upload(c, pos, (size_t)s->n * sizeof *pos);
     c->arg[2] = upload(c, inv_freq, (size_t)half * sizeof *inv_freq);
-    double *ref = output(c, c->arg[0], count, 0);
+    double *ref = output(c, c->arg[0], count, TMX_DTYPE_F32);
     if (!c->arg[1] || !c->arg[2] || !ref) return c->status;
     for (int t = 0; t < s->n; t++)
         for (int h = 0; h < s->heads; h++) {
@@ -422,77 +478,239 @@ static void rope_run(struct tmx_conform_case *c) {
     c->ops->rope(c->ctx, c->arg[0], c->arg[1], c->arg[2], s->n, s->heads, s->hd);
 }
 
+/* --- the paged KV cache ----------------------------------------------------------------------- */
+
+/* kv_store's rounding as tmx/kernels.h states it, in F32 like the op: row x[hd] becomes codes
+ * of dt at dst (element `at` on) and, for F8_E4M3 and I8, *scale = amax / 448 or amax / 127
+ * with the row divided by it. Shared by the kv_store reference and the caches attention reads,
+ * so both hold exactly the bytes a kernel set must produce. */
+static void quantize_row(enum tmx_dtype dt, const float *x, int hd, void *dst, size_t at,
+                         float *scale) {
+    float amax = 0;
+    for (int i = 0; i < hd; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float s = amax / (dt == TMX_DTYPE_I8 ? 127.0f : 448.0f);
+    if (scale) *scale = s;
+    for (int i = 0; i < hd; i++) {
+        size_t e = at + (size_t)i;
+        switch (dt) {
+        case TMX_DTYPE_BF16: ((uint16_t *)dst)[e] = tmx_f32_to_bf16(x[i]); break;
+        case TMX_DTYPE_F8_E4M3: ((uint8_t *)dst)[e] = s > 0 ? tmx_f32_to_e4m3(x[i] / s) : 0; break;
+        case TMX_DTYPE_I8:
+            ((int8_t *)dst)[e] = (int8_t)(s > 0 ? fminf(fmaxf(rintf(x[i] / s), -127), 127) : 0);
+            break;
+        default: ((float *)dst)[e] = x[i]; break;
+        }
+    }
+}
+
+/* Element i of cache data of dtype dt, as F32 (before its row's scale). */
+static double cache_elem(enum tmx_dtype dt, const void *data, size_t i) {
+    switch (dt) {
+    case TMX_DTYPE_BF16: return tmx_bf16_to_f32(((const uint16_t *)data)[i]);
+    case TMX_DTYPE_F8_E4M3: return tmx_e4m3_to_f32(((const uint8_t *)data)[i]);
+    case TMX_DTYPE_I8: return ((const int8_t *)data)[i];
+    case TMX_DTYPE_I32: return ((const int32_t *)data)[i];
+    default: return ((const float *)data)[i];
+    }
+}
+
+/* Host copies of a cache: k, v [n_blocks * block][hkv][hd] of dt, scales [..][hkv] or NULL. */
+struct cache_host {
+    void *k, *v;
+    float *k_scale, *v_scale;
+};
+
+/* The case's cache, c->kv: n_blocks blocks every row of which holds random keys and values in
+ * [-1, 1] as kv_store would have stored them (so unread rows hold plausible data too), uploaded
+ * to the kernel set. */
+static enum tmx_status cache_new(struct tmx_conform_case *c, int n_blocks, struct cache_host *h) {
+    const struct spec *s = c->s;
+    int hd = s->hd, quantized = s->dt == TMX_DTYPE_F8_E4M3 || s->dt == TMX_DTYPE_I8;
+    size_t rows = (size_t)n_blocks * s->block * s->kv_heads;
+    size_t bytes = rows * hd * tmx_dtype_size(s->dt);
+    float *x = host_alloc(c, (size_t)hd * sizeof *x);
+    h->k = host_alloc(c, bytes);
+    h->v = host_alloc(c, bytes);
+    h->k_scale = quantized ? host_alloc(c, rows * sizeof(float)) : NULL;
+    h->v_scale = quantized ? host_alloc(c, rows * sizeof(float)) : NULL;
+    if (!x || c->status != TMX_OK) return c->status;
+    for (size_t r = 0; r < rows; r++)
+        for (int side = 0; side < 2; side++) {
+            for (int i = 0; i < hd; i++) x[i] = (float)uniform(c, -1, 1);
+            float *sc = side ? h->v_scale : h->k_scale;
+            quantize_row(s->dt, x, hd, side ? h->v : h->k, r * hd, sc ? sc + r : NULL);
+        }
+    c->kv = (struct tmx_kv_cache){s->dt, n_blocks, s->block, s->kv_heads, hd,
+                                  upload(c, h->k, bytes), upload(c, h->v, bytes), NULL, NULL};
+    if (quantized) {
+        c->kv.k_scale = upload(c, h->k_scale, rows * sizeof(float));
+        c->kv.v_scale = upload(c, h->v_scale, rows * sizeof(float));
+    }
+    return c->status;
+}
+
+/* Where n tokens of `seqs` sequences sit in a paged cache. */
+struct paged {
+    int n_blocks, max_blocks;
+    int32_t *tables;   /* [seqs][max_blocks]: block ids, -1 where no block is needed */
+    int32_t *seq, *pos; /* [n], tokens of the sequences interleaved */
+    int32_t *slots;     /* [n]: block * block_size + row of each token's position */
+};
+
+/* Sequence 0 is ctx positions long, the others between their token count and ctx; each
+ * sequence's tokens are its last positions (a prefill chunk or a decode step). Blocks that
+ * hold none of its positions the window lets its tokens read stay -1 in its table; the others
+ * get distinct ids in shuffled order from a pool two blocks larger than needed. */
+static enum tmx_status paged_new(struct tmx_conform_case *c, struct paged *pg) {
+    const struct spec *s = c->s;
+    int S = s->seqs, bs = s->block, *count = host_alloc(c, (size_t)S * sizeof *count);
+    pg->max_blocks = (s->ctx + bs - 1) / bs + 1;
+    pg->tables = host_alloc(c, (size_t)S * pg->max_blocks * sizeof *pg->tables);
+    pg->seq = host_alloc(c, (size_t)s->n * sizeof *pg->seq);
+    pg->pos = host_alloc(c, (size_t)s->n * sizeof *pg->pos);
+    pg->slots = host_alloc(c, (size_t)s->n * sizeof *pg->slots);
+    int *ids = host_alloc(c, ((size_t)S * pg->max_blocks + 2) * sizeof *ids);
+    if (!count || !ids || c->status != TMX_OK) return c->status;
+    for (int q = 0; q < S; q++) count[q] = 1;
+    for (int t = S; t < s->n; t++) count[randint(c, 0, S - 1)]++;
+    int used = 0;
+    for (int q = 0, t = 0; q < S; q++) {
+        int len = q ? randint(c, count[q], s->ctx) : s->ctx, first = len - count[q];
+        int lo = s->window && first - s->window + 1 > 0 ? first - s->window + 1 : 0;
+        for (int i = 0; i < count[q]; i++, t++) pg->seq[t] = q, pg->pos[t] = first + i;
+        for (int b = 0; b < pg->max_blocks; b++) {
+            int needed = b * bs < len && (b + 1) * bs > lo;
+            pg->tables[q * pg->max_blocks + b] = needed ? used++ : -1;
+        }
+    }
+    pg->n_blocks = used + 2;
+    for (int b = 0; b < pg->n_blocks; b++) ids[b] = b; /* then shuffled: */
+    for (int b = pg->n_blocks - 1; b > 0; b--) {
+        int r = randint(c, 0, b), tmp = ids[b];
+        ids[b] = ids[r], ids[r] = tmp;
+    }
+    for (int i = 0; i < S * pg->max_blocks; i++)
+        if (pg->tables[i] >= 0) pg->tables[i] = ids[pg->tables[i]];
+    for (int t = s->n - 1; t > 0; t--) { /* interleave the sequences' tokens */
+        int r = randint(c, 0, t);
+        int32_t q = pg->seq[t], p = pg->pos[t];
+        pg->seq[t] = pg->seq[r], pg->pos[t] = pg->pos[r];
+        pg->seq[r] = q, pg->pos[r] = p;
+    }
+    for (int t = 0; t < s->n; t++)
+        pg->slots[t] = pg->tables[pg->seq[t] * pg->max_blocks + pg->pos[t] / bs] * bs +
+                       pg->pos[t] % bs;
+    return TMX_OK;
+}
+
 /* --- kv_store --------------------------------------------------------------------------------- */
 
-/* Positions p0 .. p0 + n - 1 over a cache already full of other values, which must survive. */
+/* One value of a kv_store input row at index i. WIDE spreads values over 2^-21 .. 2, so that F8
+ * rows reach subnormal codes and zero. TIES puts them halfway between two codes: the row's amax
+ * (element 0) is 448 for F8 and 127 for I8, so the scale is 1 and x / scale is x. */
+static float store_value(struct tmx_conform_case *c, int i) {
+    enum tmx_dtype dt = c->s->dt;
+    double x = uniform(c, -1, 1);
+    if (c->s->flags & WIDE) x = ldexp(uniform(c, 1, 2), randint(c, -21, 0));
+    if (c->s->flags & TIES && dt == TMX_DTYPE_I8) x = i ? randint(c, -254, 254) / 2.0 : 127;
+    if (c->s->flags & TIES && dt == TMX_DTYPE_F8_E4M3) {
+        int code = randint(c, 0, 0x7d);
+        x = i ? (tmx_e4m3_to_f32((uint8_t)code) + tmx_e4m3_to_f32((uint8_t)(code + 1))) / 2 : 448;
+    }
+    if (c->s->flags & TIES && dt == TMX_DTYPE_BF16) {
+        uint32_t u = (uint32_t)tmx_f32_to_bf16((float)x) << 16 | 0x8000u;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        x = f;
+    }
+    return (float)(next_u64(c) & 1 ? -x : x);
+}
+
+/* About one token in four is skipped (slot -1); the first stored token's head-0 key row is all
+ * zeros (scale 0). The references are the whole cache after the store: the rows named keep
+ * their old contents, down to the bytes. */
 static enum tmx_status kv_store_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
-    size_t row = (size_t)s->kv_heads * s->hd;
-    const float *kc = input(c, s->cap * row, -1, 1, &c->arg[0]);
-    const float *vc = input(c, s->cap * row, -1, 1, &c->arg[1]);
-    const float *k = input(c, s->n * row, -1, 1, &c->arg[2]);
-    const float *v = input(c, s->n * row, -1, 1, &c->arg[3]);
-    int32_t *pos = host_alloc(c, (size_t)s->n * sizeof *pos);
-    if (!kc || !vc || !k || !v || !pos) return c->status;
-    for (int t = 0; t < s->n; t++) pos[t] = s->p0 + t;
-    c->arg[4] = upload(c, pos, (size_t)s->n * sizeof *pos);
-    double *ref_k = output(c, c->arg[0], s->cap * row, 0);
-    double *ref_v = output(c, c->arg[1], s->cap * row, 0);
-    if (!c->arg[4] || !ref_k || !ref_v) return c->status;
-    for (size_t i = 0; i < s->cap * row; i++) ref_k[i] = kc[i], ref_v[i] = vc[i];
+    int hkv = s->kv_heads, hd = s->hd;
+    size_t row = (size_t)hkv * hd, count = (size_t)s->n * row;
+    struct paged pg;
+    struct cache_host h;
+    float *k = host_alloc(c, count * sizeof *k), *v = host_alloc(c, count * sizeof *v);
+    if (!k || !v || paged_new(c, &pg) != TMX_OK || cache_new(c, pg.n_blocks, &h) != TMX_OK)
+        return c->status;
+    for (size_t i = 0; i < count; i++) k[i] = store_value(c, (int)(i % hd));
+    for (size_t i = 0; i < count; i++) v[i] = store_value(c, (int)(i % hd));
     for (int t = 0; t < s->n; t++)
-        for (size_t i = 0; i < row; i++) {
-            ref_k[(size_t)(pos[t] % s->cap) * row + i] = k[t * row + i];
-            ref_v[(size_t)(pos[t] % s->cap) * row + i] = v[t * row + i];
+        if (t && randint(c, 0, 3) == 0) pg.slots[t] = -1;
+    memset(k, 0, (size_t)hd * sizeof *k); /* token 0 is always stored */
+    c->arg[0] = upload(c, k, count * sizeof *k);
+    c->arg[1] = upload(c, v, count * sizeof *v);
+    c->arg[2] = upload(c, pg.slots, (size_t)s->n * sizeof *pg.slots);
+    size_t rows = (size_t)pg.n_blocks * s->block * hkv;
+    double *ref_k = output(c, c->kv.k, rows * hd, s->dt);
+    double *ref_v = output(c, c->kv.v, rows * hd, s->dt);
+    double *ref_ks = h.k_scale ? output(c, c->kv.k_scale, rows, TMX_DTYPE_F32) : NULL;
+    double *ref_vs = h.k_scale ? output(c, c->kv.v_scale, rows, TMX_DTYPE_F32) : NULL;
+    if (!ref_k || !ref_v || (h.k_scale && (!ref_ks || !ref_vs)) || c->status != TMX_OK)
+        return c->status;
+    for (int t = 0; t < s->n; t++)
+        for (int head = 0; head < hkv && pg.slots[t] >= 0; head++) {
+            size_t r = (size_t)pg.slots[t] * hkv + head, x = ((size_t)t * hkv + head) * hd;
+            quantize_row(s->dt, k + x, hd, h.k, r * hd, h.k_scale ? h.k_scale + r : NULL);
+            quantize_row(s->dt, v + x, hd, h.v, r * hd, h.v_scale ? h.v_scale + r : NULL);
         }
+    for (size_t i = 0; i < rows * hd; i++) {
+        ref_k[i] = cache_elem(s->dt, h.k, i);
+        ref_v[i] = cache_elem(s->dt, h.v, i);
+    }
+    for (size_t r = 0; ref_ks && r < rows; r++) ref_ks[r] = h.k_scale[r], ref_vs[r] = h.v_scale[r];
     return TMX_OK;
 }
 
 static void kv_store_run(struct tmx_conform_case *c) {
-    const struct spec *s = c->s;
-    c->ops->kv_store(c->ctx, c->arg[0], c->arg[1], s->cap, c->arg[2], c->arg[3], c->arg[4], s->n,
-                     s->kv_heads, s->hd);
+    c->ops->kv_store(c->ctx, &c->kv, c->arg[0], c->arg[1], c->arg[2], c->s->n);
 }
 
 /* --- attention -------------------------------------------------------------------------------- */
 
-/* Queries at positions p0 .. p0 + n - 1 over a cache of random keys and values; slot j % cap
- * stands for position j. */
+/* The reference dequantizes the cache's bytes in double: what the op reads, exactly. */
 static enum tmx_status attention_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
-    int hq = s->heads, hkv = s->kv_heads, hd = s->hd;
-    size_t q_count = (size_t)s->n * hq * hd, slot = (size_t)hkv * hd;
+    int hq = s->heads, hkv = s->kv_heads, hd = s->hd, bs = s->block;
+    size_t q_count = (size_t)s->n * hq * hd;
+    struct paged pg;
+    struct cache_host h;
     const float *q = input(c, q_count, -2, 2, &c->arg[0]);
-    const float *kc = input(c, s->cap * slot, -1, 1, &c->arg[1]);
-    const float *vc = input(c, s->cap * slot, -1, 1, &c->arg[2]);
-    int32_t *pos = host_alloc(c, (size_t)s->n * sizeof *pos);
-    double *score = host_alloc(c, (size_t)(s->p0 + s->n) * sizeof *score);
-    if (!q || !kc || !vc || !pos || !score) return c->status;
-    for (int t = 0; t < s->n; t++) pos[t] = s->p0 + t;
-    c->arg[3] = upload(c, pos, (size_t)s->n * sizeof *pos);
+    double *score = host_alloc(c, (size_t)s->ctx * sizeof *score);
+    if (!q || !score || paged_new(c, &pg) != TMX_OK || cache_new(c, pg.n_blocks, &h) != TMX_OK)
+        return c->status;
+    c->max_blocks = pg.max_blocks;
+    c->arg[1] = upload(c, pg.tables, (size_t)s->seqs * pg.max_blocks * sizeof *pg.tables);
+    c->arg[2] = upload(c, pg.seq, (size_t)s->n * sizeof *pg.seq);
+    c->arg[3] = upload(c, pg.pos, (size_t)s->n * sizeof *pg.pos);
     c->arg[4] = buffer(c, q_count * sizeof(float));
-    double *ref = output(c, c->arg[4], q_count, 0);
-    if (!c->arg[3] || !ref) return c->status;
+    double *ref = output(c, c->arg[4], q_count, TMX_DTYPE_F32);
+    if (!ref || c->status != TMX_OK) return c->status;
     float scale = 1 / sqrtf((float)hd);
     for (int t = 0; t < s->n; t++)
-        for (int h = 0; h < hq; h++) {
-            const float *qh = q + ((size_t)t * hq + h) * hd;
-            size_t kv = (size_t)(h / (hq / hkv)) * hd;
-            int p = pos[t], lo = s->window && p - s->window + 1 > 0 ? p - s->window + 1 : 0;
+        for (int head = 0; head < hq; head++) {
+            const float *qh = q + ((size_t)t * hq + head) * hd;
+            const int32_t *table = pg.tables + pg.seq[t] * pg.max_blocks;
+            int p = pg.pos[t], lo = s->window && p - s->window + 1 > 0 ? p - s->window + 1 : 0;
             double mx = -INFINITY, sum = 0;
             for (int j = lo; j <= p; j++) {
-                const float *key = kc + (size_t)(j % s->cap) * slot + kv;
+                size_t r = ((size_t)table[j / bs] * bs + j % bs) * hkv + head / (hq / hkv);
                 double dot = 0;
-                for (int i = 0; i < hd; i++) dot += (double)qh[i] * key[i];
-                score[j] = dot * scale;
+                for (int i = 0; i < hd; i++) dot += qh[i] * cache_elem(s->dt, h.k, r * hd + i);
+                score[j] = dot * (h.k_scale ? h.k_scale[r] : 1) * scale;
                 mx = fmax(mx, score[j]);
             }
-            double *o = ref + ((size_t)t * hq + h) * hd;
+            double *o = ref + ((size_t)t * hq + head) * hd;
             for (int j = lo; j <= p; j++) {
-                const float *val = vc + (size_t)(j % s->cap) * slot + kv;
-                double e = exp(score[j] - mx);
+                size_t r = ((size_t)table[j / bs] * bs + j % bs) * hkv + head / (hq / hkv);
+                double e = exp(score[j] - mx), w = e * (h.v_scale ? h.v_scale[r] : 1);
                 sum += e;
-                for (int i = 0; i < hd; i++) o[i] += e * val[i];
+                for (int i = 0; i < hd; i++) o[i] += w * cache_elem(s->dt, h.v, r * hd + i);
             }
             for (int i = 0; i < hd; i++) o[i] /= sum;
         }
@@ -501,9 +719,10 @@ static enum tmx_status attention_new(struct tmx_conform_case *c) {
 
 static void attention_run(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
-    c->ops->attention(c->ctx, c->arg[4], c->arg[0], c->arg[1], c->arg[2], s->cap, c->arg[3], s->n,
-                      s->heads, s->kv_heads, s->hd, s->window, 1 / sqrtf((float)s->hd));
+    c->ops->attention(c->ctx, c->arg[4], c->arg[0], &c->kv, c->arg[1], c->max_blocks, c->arg[2],
+                      c->arg[3], s->n, s->heads, s->window, 1 / sqrtf((float)s->hd));
 }
+
 
 /* --- moe_route -------------------------------------------------------------------------------- */
 
@@ -558,8 +777,8 @@ static enum tmx_status moe_route_new(struct tmx_conform_case *c) {
     if (!logits || !sc || !v || !order || c->status != TMX_OK) return c->status;
     c->arg[2] = buffer(c, (size_t)s->n * k * sizeof(int32_t));
     c->arg[3] = buffer(c, (size_t)s->n * k * sizeof(float));
-    double *ref_ids = output(c, c->arg[2], (size_t)s->n * k, 1);
-    double *ref_w = output(c, c->arg[3], (size_t)s->n * k, 0);
+    double *ref_ids = output(c, c->arg[2], (size_t)s->n * k, TMX_DTYPE_I32);
+    double *ref_w = output(c, c->arg[3], (size_t)s->n * k, TMX_DTYPE_F32);
     if (!ref_ids || !ref_w) return c->status;
     for (int t = 0; t < s->n; t++) {
         float *lg = logits + (size_t)t * ne;
@@ -621,7 +840,7 @@ static enum tmx_status moe_experts_new(struct tmx_conform_case *c) {
     if (!(s->flags & NO_WEIGHT)) post = weight(c, s->dt, lat, 0, 0.5, 1.5, &c->w);
     c->arg[1] = upload(c, ids, (size_t)s->n * k * sizeof *ids);
     c->arg[3] = buffer(c, (size_t)s->n * lat * sizeof(float));
-    double *ref = output(c, c->arg[3], (size_t)s->n * lat, 0);
+    double *ref = output(c, c->arg[3], (size_t)s->n * lat, TMX_DTYPE_F32);
     if (!ref || c->status != TMX_OK) return c->status;
     c->moe = (struct tmx_moe_weights){ne, s->expert0, lat, inter, wt, wt + ne, wt + 2 * ne,
                                       post ? &c->w : NULL, EPS};
@@ -665,7 +884,7 @@ static enum tmx_status swiglu_new(struct tmx_conform_case *c) {
     const float *gate = input(c, count, -6, 6, &c->arg[0]);
     const float *up = input(c, count, -1, 1, &c->arg[1]);
     c->arg[2] = c->s->flags & IN_PLACE ? c->arg[0] : buffer(c, count * sizeof(float));
-    double *ref = output(c, c->arg[2], count, 0);
+    double *ref = output(c, c->arg[2], count, TMX_DTYPE_F32);
     if (!gate || !up || !ref) return c->status;
     for (size_t i = 0; i < count; i++) ref[i] = gate[i] / (1 + exp(-(double)gate[i])) * up[i];
     return TMX_OK;
@@ -684,7 +903,7 @@ static enum tmx_status add_gated_new(struct tmx_conform_case *c) {
     const float *a = input(c, count, -1, 1, &c->arg[1]);
     const double *g = NULL;
     if (!(s->flags & NO_WEIGHT)) g = weight(c, s->dt, s->d, 0, -1, 1, &c->w);
-    double *ref = output(c, c->arg[0], count, 0);
+    double *ref = output(c, c->arg[0], count, TMX_DTYPE_F32);
     if (!h || !a || !ref || c->status != TMX_OK) return c->status;
     for (size_t i = 0; i < count; i++) ref[i] = h[i] + (g ? g[i % s->d] : 1) * a[i];
     return TMX_OK;
@@ -694,6 +913,28 @@ static void add_gated_run(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     c->ops->add_gated(c->ctx, c->arg[0], c->arg[1], s->flags & NO_WEIGHT ? NULL : &c->w, s->n,
                       s->d);
+}
+
+/* --- gather ----------------------------------------------------------------------------------- */
+
+/* Rows drawn with repeats, in any order. */
+static enum tmx_status gather_new(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    const float *x = input(c, (size_t)s->m * s->d, -1, 1, &c->arg[0]);
+    int32_t *rows = host_alloc(c, (size_t)s->n * sizeof *rows);
+    if (!x || !rows) return c->status;
+    for (int i = 0; i < s->n; i++) rows[i] = randint(c, 0, s->m - 1);
+    c->arg[1] = upload(c, rows, (size_t)s->n * sizeof *rows);
+    c->arg[2] = buffer(c, (size_t)s->n * s->d * sizeof(float));
+    double *ref = output(c, c->arg[2], (size_t)s->n * s->d, TMX_DTYPE_F32);
+    if (!ref || !c->arg[1]) return c->status;
+    for (int i = 0; i < s->n; i++)
+        for (int j = 0; j < s->d; j++) ref[(size_t)i * s->d + j] = x[(size_t)rows[i] * s->d + j];
+    return TMX_OK;
+}
+
+static void gather_run(struct tmx_conform_case *c) {
+    c->ops->gather(c->ctx, c->arg[2], c->arg[0], c->arg[1], c->s->n, c->s->d);
 }
 
 /* --- the ops ---------------------------------------------------------------------------------- */
@@ -726,6 +967,7 @@ static const struct {
                    swiglu_run},
     [OP_ADD_GATED] = {"add_gated", offsetof(struct tmx_kernels_i, add_gated), 1e-6,
                       add_gated_new, add_gated_run},
+    [OP_GATHER] = {"gather", offsetof(struct tmx_kernels_i, gather), 0, gather_new, gather_run},
 };
 
 /* Whether the set's table is large enough to hold the op and the op is non-NULL. */
@@ -784,23 +1026,26 @@ void tmx_conform_case_run(struct tmx_conform_case *c) {
     if (has_op(c->ops, c->s->op)) op_defs[c->s->op].run(c);
 }
 
-/* max|got - ref| / max|ref|, or INFINITY on a NaN or an integer mismatch. */
+/* max|got - ref| / max|ref|, or INFINITY on a NaN or an I32 mismatch. got is aligned for
+ * its dtype (outputs are read back at offsets that are multiples of 4). */
 static double compare(const struct output *o, const unsigned char *got) {
     double diff = 0, mag = 0;
     for (size_t i = 0; i < o->count; i++) {
-        if (o->is_int) {
-            int32_t g;
-            memcpy(&g, got + i * sizeof g, sizeof g);
+        double g = cache_elem(o->dt, got, i);
+        if (o->dt == TMX_DTYPE_I32) {
             if (g != o->ref[i]) return INFINITY;
             continue;
         }
-        float g;
-        memcpy(&g, got + i * sizeof g, sizeof g);
         double d = fabs(g - o->ref[i]);
         if (!(d <= diff)) diff = isnan(d) ? INFINITY : d;
         mag = fmax(mag, fabs(o->ref[i]));
     }
     return mag > 0 ? diff / mag : diff;
+}
+
+/* An output's bytes rounded up to 4, so that the next one starts aligned in `got`. */
+static size_t out_bytes(const struct output *o) {
+    return (o->count * tmx_dtype_size(o->dt) + 3) & ~(size_t)3;
 }
 
 enum tmx_status tmx_conform_case_check(struct tmx_conform_case *c, struct tmx_conform_result *res,
@@ -813,14 +1058,14 @@ enum tmx_status tmx_conform_case_check(struct tmx_conform_case *c, struct tmx_co
     }
     res->status = c->ops->sync(c->ctx);
     size_t bytes = 0;
-    for (int i = 0; i < c->n_out; i++) bytes += c->out[i].count * 4;
+    for (int i = 0; i < c->n_out; i++) bytes += out_bytes(&c->out[i]);
     if (!c->got && !(c->got = malloc(bytes)))
         return tmx_err(err, TMX_ERR_NOMEM, "conform: %s: out of memory", s->name);
     c->got_bytes = bytes;
     double worst = 0;
-    for (size_t i = 0, off = 0; i < (size_t)c->n_out; off += c->out[i].count * 4, i++) {
+    for (size_t i = 0, off = 0; i < (size_t)c->n_out; off += out_bytes(&c->out[i]), i++) {
         enum tmx_status st = c->ops->buf_read(c->ctx, c->got + off, c->out[i].dev,
-                                              c->out[i].count * 4);
+                                              out_bytes(&c->out[i]));
         if (st != TMX_OK)
             return tmx_err(err, st, "conform: %s: buf_read failed (%s)", s->name,
                            tmx_status_str(st));

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "tmx/kvcache.h"
 #include "tmx/manifest.h"
 #include "tmx/tmx.h"
 
@@ -26,6 +27,20 @@ static enum tmx_status verify_build(const char *dir, const struct tmx_config *cf
     return tmx_manifest_verify(dir, tmx_config_bool(cfg, "verify"), err);
 }
 
+/* The KV cache from the config: room for max_running sequences of the context by default. */
+static enum tmx_status kv_init(struct tmx_engine *e, char **err) {
+    const struct tmx_kv_options o = {
+        .n_ctx = tmx_engine_n_ctx(e),
+        .n_batch = (int)tmx_config_int(e->cfg, "batch"),
+        .max_seqs = (int)tmx_config_int(e->cfg, "max_running"),
+        .block_size = (int)tmx_config_int(e->cfg, "kv_block_size"),
+        .n_tokens = (int)tmx_config_int(e->cfg, "kv_tokens"),
+        .dtype = tmx_kv_dtype_parse(tmx_config_str(e->cfg, "kv_dtype")),
+        .prefix_cache = tmx_config_bool(e->cfg, "prefix_cache"),
+    };
+    return tmx_model_kv_init(e->model, &o, err);
+}
+
 enum tmx_status tmx_engine_open(const char *model_dir, const char *config_path, int n_overrides,
                                 const char *const *overrides, struct tmx_engine **out,
                                 char **err) {
@@ -40,6 +55,7 @@ enum tmx_status tmx_engine_open(const char *model_dir, const char *config_path, 
     if (st == TMX_OK) st = verify_build(model_dir, e->cfg, err);
     if (st == TMX_OK) st = tmx_checkpoint_open(model_dir, &e->ck, err);
     if (st == TMX_OK) st = tmx_model_load(e->ck, &e->kernels, e->plugins, &e->model, err);
+    if (st == TMX_OK) st = kv_init(e, err);
     if (st == TMX_OK) {
         char path[4096];
         snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);

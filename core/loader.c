@@ -22,7 +22,7 @@
 #endif
 
 /* The descriptor as ABI 1.0 laid it out; later minor versions append after `ops`. */
-#define TMX_PLUGIN_SIZE_1_0 (offsetof(struct tmx_plugin, ops) + sizeof(const void *))
+#define TMX_PLUGIN_SIZE_MIN (offsetof(struct tmx_plugin, ops) + sizeof(const void *))
 
 #define TMX_PLUGIN_NAME_MAX 64
 
@@ -64,8 +64,7 @@ const struct tmx_host *tmx_host_get(void) { return &host; }
 
 /* --- ops tables ---------------------------------------------------------------------------- */
 
-/* Whether ops table t holds member m: inside its struct_size and non-NULL. */
-#define HAS(t, m) ((t)->struct_size >= offsetof(__typeof__(*(t)), m) + sizeof((t)->m) && (t)->m)
+#define HAS(t, m) TMX_OPS_HAS(t, m)
 
 /* The first member the core calls that `ops` lacks, or NULL. A kernel set needs every op the
  * model graph calls (graph capture is optional); the other kinds need what their header does
@@ -82,7 +81,7 @@ static const char *missing_op(enum tmx_plugin_kind kind, const void *ops) {
         NEED(buf_alloc); NEED(buf_free); NEED(buf_write); NEED(buf_read);
         NEED(weight_import); NEED(weight_free); NEED(sync);
         NEED(embed); NEED(rmsnorm); NEED(matmul); NEED(rope); NEED(kv_store); NEED(attention);
-        NEED(moe_route); NEED(moe_experts); NEED(swiglu); NEED(add_gated);
+        NEED(moe_route); NEED(moe_experts); NEED(swiglu); NEED(add_gated); NEED(gather);
         break;
     }
     case TMX_PLUGIN_CODEC: {
@@ -193,10 +192,10 @@ static enum tmx_status check_descriptor(const struct tmx_plugin *p, const char *
         return tmx_err(err, TMX_ERR_ABI, "%s: plugin ABI %u.%u, core supports %s", path,
                        p->abi_major, p->abi_minor, supported);
     }
-    if (p->struct_size < TMX_PLUGIN_SIZE_1_0)
+    if (p->struct_size < TMX_PLUGIN_SIZE_MIN)
         return tmx_err(err, TMX_ERR_ABI,
-                       "%s: descriptor struct_size %u is smaller than ABI 1.0's %zu bytes", path,
-                       p->struct_size, TMX_PLUGIN_SIZE_1_0);
+                       "%s: descriptor struct_size %u is smaller than ABI %d.0's %zu bytes", path,
+                       p->struct_size, TMX_ABI_MAJOR, TMX_PLUGIN_SIZE_MIN);
     if ((unsigned)p->kind >= TMX_PLUGIN_KIND_COUNT)
         return tmx_err(err, TMX_ERR_INVALID, "%s: unknown plugin kind %d", path, (int)p->kind);
     if (!is_plugin_name(p->name))

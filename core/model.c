@@ -1,43 +1,15 @@
-/* model.c: the Muse forward pass (docs/model.md) as a sequence of kernel-set ops.
+/* model.c: loading a Muse (or Llama) checkpoint onto a kernel set (docs/model.md).
  *
- * Loading binds every tensor by name, checks its shape, and imports it into the kernel set.
- * A sequence owns the KV cache and the scratch buffers of one step; tmx_seq_forward runs the
- * graph over a chunk of tokens and reads back logits. Plugins add speed behind the ops and never
- * control flow: everything the step does is in forward_step below, top to bottom. */
+ * Loading binds every tensor by name, checks its shape, and imports it into the kernel set;
+ * routed experts go to the checkpoint's codec when it has one. The KV cache, sequences and the
+ * forward step are in forward.c. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "tmx/model.h"
-
-/* --- weights ------------------------------------------------------------------------------- */
-
-struct layer {
-    struct tmx_tensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, attn_gate;
-    struct tmx_tensor mlp_norm, mlp_gate;
-    struct tmx_tensor gate, up, down;             /* dense MLP, or the shared expert */
-    struct tmx_tensor router, router_bias, bridge_in, bridge_out, post_norm;
-    struct tmx_tensor *experts;                   /* [3][n_routed_experts]: gate, up, down */
-    struct tmx_moe_weights moe;
-    void *codec_layer;                            /* the codec's handle when a codec has them */
-};
-
-struct tmx_model {
-    struct tmx_model_config cfg;
-    const struct tmx_kernels *k;
-    struct tmx_tensor embed, final_norm, lm_head;
-    struct layer *layers;                         /* [n_layers] */
-    float *inv_freq_full, *inv_freq_local;        /* device, [head_dim/2] */
-    struct tmx_tensor **imported;                 /* every tensor to weight_free */
-    int n_imported, cap_imported;
-    void **owned;                                 /* host arrays converted at load time */
-    int n_owned, cap_owned;
-    const struct tmx_plugin *codec;               /* routed experts' codec, or NULL */
-    const struct tmx_codec_i *codec_ops;
-    void *codec_ctx;
-};
+#include "model-impl.h"
 
 /* Keeps a host array the model converted (it must outlive the imported weight). */
 static void *own(struct tmx_model *m, size_t nbytes) {
@@ -189,7 +161,14 @@ static enum tmx_status bind_layer(struct tmx_model *m, const struct tmx_checkpoi
     if (m->codec) {
         const struct tmx_codec_layer_info info = {tmx_checkpoint_dir(ck), l, (int)E, (int)lat,
                                                   (int)f};
-        return m->codec_ops->layer_load(m->codec_ctx, &info, &ly->codec_layer, err);
+        st = m->codec_ops->layer_load(m->codec_ctx, &info, &ly->codec_layer, err);
+        if (st == TMX_OK && !(m->k->plugin->caps & TMX_CAP_HOST_MEMORY)) {
+            const struct tmx_kernels_i *op = m->k->ops;
+            void *stream = TMX_OPS_HAS(op, native_stream) ? op->native_stream(m->k->ctx) : NULL;
+            st = m->codec_ops->device_load(m->codec_ctx, ly->codec_layer, m->k->plugin->name,
+                                           stream, &ly->codec_dev, err);
+        }
+        return st;
     }
     ly->experts = calloc((size_t)(3 * E), sizeof *ly->experts);
     if (!ly->experts) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
@@ -268,7 +247,10 @@ static enum tmx_status open_codec(struct tmx_model *m, const char *dir, struct t
         if (strcmp(m->codec_ops->quant_method, method) != 0)
             st = tmx_err(err, TMX_ERR_INVALID, "%s: quant_method \"%s\", but codec.%s reads "
                          "\"%s\"", path, method, name, m->codec_ops->quant_method);
-        else if (!(m->k->plugin->caps & TMX_CAP_HOST_MEMORY))
+        else if (!(m->k->plugin->caps & TMX_CAP_HOST_MEMORY) &&
+                 !(TMX_OPS_HAS(m->codec_ops, device_load) &&
+                   TMX_OPS_HAS(m->codec_ops, device_free) &&
+                   TMX_OPS_HAS(m->codec_ops, device_moe_experts)))
             st = tmx_err(err, TMX_ERR_UNSUPPORTED, "codec.%s runs on host memory and has no "
                          "kernels for kernel set %s", name, m->k->plugin->name);
     }
@@ -314,11 +296,13 @@ enum tmx_status tmx_model_load(const struct tmx_checkpoint *ck, const struct tmx
 void tmx_model_free(struct tmx_model *m) {
     if (!m) return;
     const struct tmx_kernels_i *ops = m->k->ops;
+    tmx_model_kv_free(m);
     for (int i = 0; i < m->n_imported; i++) ops->weight_free(m->k->ctx, m->imported[i]);
     if (m->inv_freq_full) ops->buf_free(m->k->ctx, m->inv_freq_full);
     if (m->inv_freq_local) ops->buf_free(m->k->ctx, m->inv_freq_local);
     for (int l = 0; m->layers && l < m->cfg.n_layers; l++) {
         free(m->layers[l].experts);
+        if (m->layers[l].codec_dev) m->codec_ops->device_free(m->codec_ctx, m->layers[l].codec_dev);
         if (m->layers[l].codec_layer)
             m->codec_ops->layer_free(m->codec_ctx, m->layers[l].codec_layer);
     }
@@ -331,250 +315,3 @@ void tmx_model_free(struct tmx_model *m) {
 }
 
 const struct tmx_model_config *tmx_model_cfg(const struct tmx_model *m) { return &m->cfg; }
-
-/* --- sequences ----------------------------------------------------------------------------- */
-
-struct kv {
-    float *k, *v; /* [cap][n_kv_heads][head_dim] */
-    int cap;      /* position p lives in slot p % cap */
-};
-
-struct tmx_seq {
-    struct tmx_model *m;
-    int n_ctx, n_batch, n_past;
-    struct kv *kv;        /* [n_layers] */
-    /* scratch of one step, n_batch rows each (device buffers) */
-    int32_t *tok, *pos;   /* [B] */
-    float *h, *x, *o;     /* [B][hidden] residual stream, normed input, block output */
-    float *q, *att;       /* [B][n_heads*head_dim] */
-    float *kk, *vv;       /* [B][n_kv_heads*head_dim] */
-    float *f1, *f2;       /* [B][max(intermediate, shared width)] */
-    float *rl, *rw;       /* [B][n_experts] router logits, [B][top_k] routing weights */
-    int32_t *rid;         /* [B][top_k] routed expert ids */
-    float *z, *y;         /* [B][moe_latent] */
-    float *logits;        /* [B][vocab_size] */
-    int32_t *pos_host;    /* [B] */
-    tmx_capture_fn capture; /* calibration hook, or NULL */
-    void *capture_arg;
-};
-
-/* Allocates one zeroed device buffer of the sequence. */
-static enum tmx_status seq_alloc(struct tmx_seq *s, void *pp, size_t nbytes, char **err) {
-    const struct tmx_kernels *k = s->m->k;
-    enum tmx_status st = k->ops->buf_alloc(k->ctx, nbytes ? nbytes : 1, (void **)pp);
-    if (st != TMX_OK)
-        return tmx_err(err, st, "kernel set %s: cannot allocate %zu bytes for the sequence",
-                       k->plugin->name, nbytes);
-    return TMX_OK;
-}
-
-enum tmx_status tmx_seq_new(struct tmx_model *m, int n_ctx, int n_batch, struct tmx_seq **out,
-                            char **err) {
-    const struct tmx_model_config *c = &m->cfg;
-    if (n_ctx < 1 || n_batch < 1)
-        return tmx_err(err, TMX_ERR_INVALID, "context (%d) and batch (%d) must be positive",
-                       n_ctx, n_batch);
-    if (n_batch > n_ctx) n_batch = n_ctx;
-    struct tmx_seq *s = calloc(1, sizeof *s);
-    if (!s) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
-    s->m = m;
-    s->n_ctx = n_ctx;
-    s->n_batch = n_batch;
-    const size_t B = (size_t)n_batch, F = sizeof(float), D = (size_t)c->hidden;
-    const size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    size_t ffn = (size_t)c->intermediate_size;
-    if ((size_t)c->n_shared_experts * c->moe_intermediate_size > ffn)
-        ffn = (size_t)c->n_shared_experts * c->moe_intermediate_size;
-    const size_t E = (size_t)c->n_routed_experts, K = (size_t)c->n_experts_per_tok,
-                 lat = (size_t)c->moe_latent_size;
-    enum tmx_status st = TMX_OK;
-    s->kv = calloc((size_t)c->n_layers, sizeof *s->kv);
-    s->pos_host = malloc(B * sizeof *s->pos_host);
-    if (!s->kv || !s->pos_host) st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
-    /* A sliding layer keeps window + n_batch slots: enough for the oldest position the first
-     * query of a step still sees, while the step writes n_batch new ones. */
-    for (int l = 0; st == TMX_OK && l < c->n_layers; l++) {
-        struct kv *kv = &s->kv[l];
-        kv->cap = c->sliding[l] && c->sliding_window + n_batch < n_ctx
-                      ? c->sliding_window + n_batch : n_ctx;
-        if ((st = seq_alloc(s, &kv->k, (size_t)kv->cap * kvd * F, err)) == TMX_OK)
-            st = seq_alloc(s, &kv->v, (size_t)kv->cap * kvd * F, err);
-    }
-    struct {
-        void *pp;
-        size_t nbytes;
-    } bufs[] = {
-        {&s->tok, B * 4},       {&s->pos, B * 4},        {&s->h, B * D * F},
-        {&s->x, B * D * F},     {&s->o, B * D * F},      {&s->q, B * qd * F},
-        {&s->att, B * qd * F},  {&s->kk, B * kvd * F},   {&s->vv, B * kvd * F},
-        {&s->f1, B * ffn * F},  {&s->f2, B * ffn * F},   {&s->rl, B * E * F},
-        {&s->rw, B * K * F},    {&s->rid, B * K * 4},    {&s->z, B * lat * F},
-        {&s->y, B * lat * F},   {&s->logits, B * (size_t)c->vocab_size * F},
-    };
-    for (size_t i = 0; st == TMX_OK && i < sizeof bufs / sizeof bufs[0]; i++)
-        st = seq_alloc(s, bufs[i].pp, bufs[i].nbytes, err);
-    if (st != TMX_OK) {
-        tmx_seq_free(s);
-        return st;
-    }
-    *out = s;
-    return TMX_OK;
-}
-
-void tmx_seq_free(struct tmx_seq *s) {
-    if (!s) return;
-    const struct tmx_kernels *k = s->m->k;
-    void *bufs[] = {s->tok, s->pos, s->h, s->x, s->o, s->q, s->att, s->kk, s->vv,
-                    s->f1, s->f2, s->rl, s->rw, s->rid, s->z, s->y, s->logits};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) k->ops->buf_free(k->ctx, bufs[i]);
-    for (int l = 0; s->kv && l < s->m->cfg.n_layers; l++) {
-        if (s->kv[l].k) k->ops->buf_free(k->ctx, s->kv[l].k);
-        if (s->kv[l].v) k->ops->buf_free(k->ctx, s->kv[l].v);
-    }
-    free(s->kv);
-    free(s->pos_host);
-    free(s);
-}
-
-int tmx_seq_n_past(const struct tmx_seq *s) { return s->n_past; }
-
-/* The cache keeps stale rows; positions decide what attention reads, so resetting is free. */
-void tmx_seq_reset(struct tmx_seq *s) { s->n_past = 0; }
-
-static const struct tmx_tensor *opt(const struct tmx_tensor *t) { return t->data ? t : NULL; }
-
-enum tmx_status tmx_seq_set_capture(struct tmx_seq *s, tmx_capture_fn fn, void *arg, char **err) {
-    const struct tmx_kernels *k = s->m->k;
-    if (fn && !(k->plugin->caps & TMX_CAP_HOST_MEMORY))
-        return tmx_err(err, TMX_ERR_UNSUPPORTED, "kernel set %s: its buffers are not host "
-                       "memory, so a forward pass cannot be captured", k->plugin->name);
-    s->capture = fn;
-    s->capture_arg = arg;
-    return TMX_OK;
-}
-
-/* --- the forward pass ---------------------------------------------------------------------- */
-
-/* One step over n <= n_batch tokens already in s->tok / s->pos. Leaves the final hidden states
- * (before the final norm) in s->h. */
-static enum tmx_status forward_step(struct tmx_seq *s, int n, char **err) {
-    const struct tmx_model *m = s->m;
-    const struct tmx_model_config *c = &m->cfg;
-    const struct tmx_kernels_i *op = m->k->ops;
-    void *kc = m->k->ctx;
-    const int D = c->hidden, hq = c->n_heads, hkv = c->n_kv_heads, hd = c->head_dim;
-    const float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)hd);
-
-    op->embed(kc, s->h, &m->embed, s->tok, n);
-    for (int l = 0; l < c->n_layers; l++) {
-        const struct layer *ly = &m->layers[l];
-        const struct kv *kv = &s->kv[l];
-
-        /* attention */
-        op->rmsnorm(kc, s->x, s->h, &ly->attn_norm, n, D, eps);
-        op->matmul(kc, s->q, s->x, &ly->wq, n);
-        op->matmul(kc, s->kk, s->x, &ly->wk, n);
-        op->matmul(kc, s->vv, s->x, &ly->wv, n);
-        if (ly->q_norm.data) op->rmsnorm(kc, s->q, s->q, &ly->q_norm, n * hq, hd, eps);
-        if (ly->k_norm.data) op->rmsnorm(kc, s->kk, s->kk, &ly->k_norm, n * hkv, hd, eps);
-        const float *freqs = c->sliding[l] ? m->inv_freq_local : m->inv_freq_full;
-        op->rope(kc, s->q, s->pos, freqs, n, hq, hd);
-        op->rope(kc, s->kk, s->pos, freqs, n, hkv, hd);
-        op->kv_store(kc, kv->k, kv->v, kv->cap, s->kk, s->vv, s->pos, n, hkv, hd);
-        op->attention(kc, s->att, s->q, kv->k, kv->v, kv->cap, s->pos, n, hq, hkv, hd,
-                      c->sliding[l] ? c->sliding_window : 0, scale);
-        op->matmul(kc, s->o, s->att, &ly->wo, n);
-        op->add_gated(kc, s->h, s->o, opt(&ly->attn_gate), n, D);
-
-        /* MLP: dense SwiGLU, or routed experts behind the bridges */
-        op->rmsnorm(kc, s->x, s->h, &ly->mlp_norm, n, D, eps);
-        if (c->dense[l]) {
-            const int64_t f = ly->gate.shape[0];
-            op->matmul(kc, s->f1, s->x, &ly->gate, n);
-            op->matmul(kc, s->f2, s->x, &ly->up, n);
-            op->swiglu(kc, s->f1, s->f1, s->f2, n * f);
-            op->matmul(kc, s->o, s->f1, &ly->down, n);
-        } else {
-            op->matmul(kc, s->rl, s->x, &ly->router, n);
-            op->moe_route(kc, s->rid, s->rw, s->rl, opt(&ly->router_bias), n,
-                          c->n_routed_experts, c->n_experts_per_tok, c->router_score,
-                          c->norm_topk_prob, (float)c->routed_scaling_factor);
-            op->matmul(kc, s->z, s->x, &ly->bridge_in, n);
-            if (s->capture) { /* calibration: the buffers are host memory (tmx_seq_set_capture) */
-                const struct tmx_moe_capture cap = {l, n, c->n_experts_per_tok, s->x, s->z,
-                                                    s->rid, s->rw};
-                enum tmx_status st = op->sync(kc);
-                if (st != TMX_OK)
-                    return tmx_err(err, st, "kernel set %s failed during the forward pass",
-                                   m->k->plugin->name);
-                if ((st = s->capture(s->capture_arg, &cap, err)) != TMX_OK) return st;
-            }
-            if (!ly->codec_layer) {
-                op->moe_experts(kc, s->y, s->z, s->rid, s->rw, n, c->n_experts_per_tok, &ly->moe);
-            } else { /* the codec's host path reads the buffers: finish the queued ops first */
-                enum tmx_status st = op->sync(kc);
-                if (st == TMX_OK)
-                    st = m->codec_ops->moe_experts(m->codec_ctx, ly->codec_layer, s->y, s->z,
-                                                   s->rid, s->rw, n, c->n_experts_per_tok,
-                                                   opt(&ly->post_norm), eps, err);
-                if (st != TMX_OK) return st;
-            }
-            op->matmul(kc, s->o, s->y, &ly->bridge_out, n);
-            if (ly->gate.data) { /* shared expert on the hidden state */
-                const int64_t f = ly->gate.shape[0];
-                op->matmul(kc, s->f1, s->x, &ly->gate, n);
-                op->matmul(kc, s->f2, s->x, &ly->up, n);
-                op->swiglu(kc, s->f1, s->f1, s->f2, n * f);
-                op->matmul(kc, s->x, s->f1, &ly->down, n);
-                op->add_gated(kc, s->o, s->x, NULL, n, D);
-            }
-        }
-        op->add_gated(kc, s->h, s->o, opt(&ly->mlp_gate), n, D);
-    }
-    return TMX_OK;
-}
-
-enum tmx_status tmx_seq_forward(struct tmx_seq *s, const int32_t *tokens, int n, float *logits,
-                                int all_rows, char **err) {
-    const struct tmx_model *m = s->m;
-    const struct tmx_model_config *c = &m->cfg;
-    const struct tmx_kernels_i *op = m->k->ops;
-    void *kc = m->k->ctx;
-    const size_t row = (size_t)c->vocab_size * sizeof(float);
-    if (n < 1) return tmx_err(err, TMX_ERR_INVALID, "forward: no tokens");
-    if (s->n_past + n > s->n_ctx)
-        return tmx_err(err, TMX_ERR_INVALID,
-                       "context full: %d tokens in the sequence + %d new > context %d",
-                       s->n_past, n, s->n_ctx);
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
-            return tmx_err(err, TMX_ERR_INVALID, "token id %d out of range [0, %d)", tokens[i],
-                           c->vocab_size);
-    const struct tmx_tensor *head = c->tie_word_embeddings ? &m->embed : &m->lm_head;
-    for (int done = 0; done < n;) {
-        const int chunk = n - done < s->n_batch ? n - done : s->n_batch;
-        for (int i = 0; i < chunk; i++) s->pos_host[i] = s->n_past + i;
-        enum tmx_status st = op->buf_write(kc, s->tok, tokens + done, (size_t)chunk * 4);
-        if (st == TMX_OK) st = op->buf_write(kc, s->pos, s->pos_host, (size_t)chunk * 4);
-        if (st != TMX_OK) return tmx_err(err, st, "kernel set: cannot upload tokens");
-        if ((st = forward_step(s, chunk, err)) != TMX_OK) return st;
-        /* logits: every row, or only the sequence's last one */
-        const int last = done + chunk == n;
-        const int rows = all_rows ? chunk : last ? 1 : 0;
-        if (rows > 0) {
-            const float *hrow = s->h + (size_t)(chunk - rows) * c->hidden;
-            op->rmsnorm(kc, s->x, hrow, &m->final_norm, rows, c->hidden, (float)c->rms_norm_eps);
-            op->matmul(kc, s->logits, s->x, head, rows);
-            float *dst = all_rows ? logits + (size_t)done * c->vocab_size : logits;
-            st = op->buf_read(kc, dst, s->logits, (size_t)rows * row);
-        }
-        if (st == TMX_OK) st = op->sync(kc);
-        if (st != TMX_OK)
-            return tmx_err(err, st, "kernel set %s failed during the forward pass: %s",
-                           m->k->plugin->name, tmx_status_str(st));
-        s->n_past += chunk;
-        done += chunk;
-    }
-    return TMX_OK;
-}

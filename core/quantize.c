@@ -179,9 +179,8 @@ static enum tmx_status calibrate(struct quant *q, char **err) {
     float *logits = malloc((size_t)q->mc->vocab_size * sizeof *logits);
     if (st == TMX_OK && !logits) st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     if (st == TMX_OK)
-        st = tmx_seq_new(tmx_engine_model(q->eng), window,
-                         (int)tmx_config_int(tmx_engine_config(q->eng), "batch"), &seq, err);
-    if (st == TMX_OK) st = tmx_seq_set_capture(seq, on_capture, q, err);
+        st = tmx_seq_new(tmx_engine_model(q->eng), window, &seq, err);
+    if (st == TMX_OK) st = tmx_model_set_capture(tmx_engine_model(q->eng), on_capture, q, err);
     int64_t done = 0;
     for (int64_t w = 0; st == TMX_OK && w < windows; w++) {
         const int64_t n = window_text((int64_t)n_ids, w * per, per, bos, total - done);
@@ -193,6 +192,7 @@ static enum tmx_status calibrate(struct quant *q, char **err) {
         emit(q, (struct tmx_quantize_progress){.stage = TMX_QUANTIZE_CALIBRATE, .done = done,
                                                .total = total});
     }
+    tmx_model_set_capture(tmx_engine_model(q->eng), NULL, NULL, NULL);
     tmx_seq_free(seq);
     free(logits);
     free(ids);

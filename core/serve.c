@@ -1,11 +1,15 @@
 /* serve.c: the scheduler — one thread that runs every request of `tmx serve` over one model.
  *
- * Requests wait in a bounded FIFO; up to max_running of them hold a sequence (KV cache) at a
- * time. Each step gives every running request one decode token first, then spends what is left
- * of the step's token budget (config "batch") on prompt chunks, oldest request first: chunked
- * prefill that never stalls decoding. A new request joins between steps; a cancelled one leaves
- * within one step. Sequences run their forward passes one after another inside a step (the
- * graph takes one sequence at a time until the paged KV cache lands). */
+ * Requests wait in a bounded FIFO; up to max_running of them hold a sequence at a time. Each
+ * step is one forward pass over a batch drawn from every running request: a decode token each
+ * first, then prompt chunks, oldest request first, within the step's token budget (config
+ * "batch"): continuous batching with chunked prefill that never stalls decoding. A new request
+ * joins between steps and first takes whatever prefix of its prompt the KV cache already holds;
+ * a cancelled one leaves within one step and gives its blocks back.
+ *
+ * When the paged KV cache runs out of blocks, the newest running request is preempted: its
+ * blocks go back (the full ones stay findable by hash) and it recomputes its tokens later, so
+ * running out is a delay, never a failure. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -26,7 +30,7 @@ struct request {
     struct tmx_sampler *sampler;
     int32_t *tokens;  /* [n_prompt + max_tokens]: prompt, then generated */
     int n_tokens;     /* prompt + generated so far */
-    int n_fed;        /* tokens already run through the model */
+    int n_fed;        /* tokens in the sequence's KV cache */
     int n_gen;
     int cancelled;    /* under the lock */
     double t_submit, t_last;
@@ -48,7 +52,12 @@ struct tmx_serve {
     struct request **gone;            /* [max_running] scratch of reap */
     uint64_t next_id;                 /* under lock */
     struct tmx_serve_metrics metrics; /* under lock */
-    float *logits, *work;             /* [vocab_size] */
+    float *logits;                    /* [max_running][vocab_size] of a step */
+    float *work;                      /* [vocab_size] */
+    struct tmx_seq **b_seq;           /* [max_running] the step's batch */
+    const int32_t **b_tok;            /* [max_running] */
+    int *b_n;                         /* [max_running] */
+    struct request **b_req;           /* [max_running] */
     int *counts;                      /* [n_vocab] scratch of the penalties, kept zero */
     struct tmx_template *chat;        /* the model's chat template, or NULL */
     json_t *special;                  /* bos_token / eos_token strings for the template */
@@ -89,14 +98,15 @@ static double log_sum_exp(const float *x, int n) {
     return max + log(s);
 }
 
-/* Picks the next token of r from s->logits: logit bias and penalties on a copy, then the
+/* Picks the next token of r from its logits: logit bias and penalties on a copy, then the
  * request's sampler. Fills the event's logprobs from the unmodified logits. */
-static int32_t pick(struct tmx_serve *s, struct request *r, struct tmx_token_event *ev) {
+static int32_t pick(struct tmx_serve *s, struct request *r, const float *logits,
+                    struct tmx_token_event *ev) {
     const struct tmx_request_params *p = &r->p;
     const int n = s->n_vocab;
     int *cnt = s->counts; /* all zero between calls */
     float *x = s->work;
-    memcpy(x, s->logits, (size_t)n * sizeof *x);
+    memcpy(x, logits, (size_t)n * sizeof *x);
     for (int i = 0; i < p->n_bias; i++) x[p->bias_ids[i]] += p->bias_values[i];
     if (p->presence_penalty != 0 || p->frequency_penalty != 0) { /* OpenAI: generated tokens */
         for (int i = p->n_prompt; i < r->n_tokens; i++) cnt[r->tokens[i]]++;
@@ -118,11 +128,11 @@ static int32_t pick(struct tmx_serve *s, struct request *r, struct tmx_token_eve
     }
     const int32_t tok = tmx_sampler_sample(r->sampler, x);
     if (p->top_logprobs >= 0) {
-        const double lse = log_sum_exp(s->logits, n);
+        const double lse = log_sum_exp(logits, n);
         const int want = p->top_logprobs;
         int k = 0; /* insertion into a short sorted list: want <= TMX_MAX_TOP_LOGPROBS */
         for (int i = 0; i < n && want > 0; i++) {
-            const float lp = (float)(s->logits[i] - lse);
+            const float lp = (float)(logits[i] - lse);
             if (k == want && lp <= s->top_lp[k - 1]) continue;
             int j = k < want ? k++ : k - 1;
             for (; j > 0 && s->top_lp[j - 1] < lp; j--) {
@@ -132,7 +142,7 @@ static int32_t pick(struct tmx_serve *s, struct request *r, struct tmx_token_eve
             s->top_ids[j] = i;
             s->top_lp[j] = lp;
         }
-        ev->logprob = (float)(s->logits[tok] - lse);
+        ev->logprob = (float)(logits[tok] - lse);
         ev->n_top = k;
         ev->top_ids = s->top_ids;
         ev->top_logprobs = s->top_lp;
@@ -160,10 +170,10 @@ static int is_stop(const struct tmx_serve *s, const struct request *r, int32_t t
     return 0;
 }
 
-/* Samples r's next token from s->logits and reports it. Returns 1 when r is finished. */
-static int emit(struct tmx_serve *s, struct request *r) {
+/* Samples r's next token from its logits and reports it. Returns 1 when r is finished. */
+static int emit(struct tmx_serve *s, struct request *r, const float *logits) {
     struct tmx_token_event ev = {.id = r->id};
-    const int32_t tok = pick(s, r, &ev);
+    const int32_t tok = pick(s, r, logits, &ev);
     r->tokens[r->n_tokens++] = tok;
     r->n_gen++;
     const double t = now();
@@ -199,7 +209,7 @@ static void admit(struct tmx_serve *s) {
         s->n_waiting--;
         pthread_mutex_unlock(&s->lock);
         char *err = NULL;
-        enum tmx_status st = tmx_seq_new(s->m, s->n_ctx, s->n_batch, &r->seq, &err);
+        enum tmx_status st = tmx_seq_new(s->m, s->n_ctx, &r->seq, &err);
         if (st == TMX_OK) st = tmx_sampler_new(&r->p.sampling, s->n_vocab, &r->sampler, &err);
         if (st != TMX_OK) {
             finish(s, r, TMX_FINISH_ERROR, err ? err : "out of memory");
@@ -211,42 +221,121 @@ static void admit(struct tmx_serve *s) {
     }
 }
 
-/* One step: a decode token for every request past its prompt, then prompt chunks within the
- * token budget. A request that finishes or fails loses its sequence (reap collects it). */
+static int is_cancelled(struct tmx_serve *s, const struct request *r) {
+    pthread_mutex_lock(&s->lock);
+    const int c = r->cancelled;
+    pthread_mutex_unlock(&s->lock);
+    return c;
+}
+
+/* Gives r's blocks back; it recomputes its tokens when blocks are free again. */
+static void preempt(struct tmx_serve *s, struct request *r) {
+    tmx_seq_reset(r->seq);
+    r->n_fed = 0;
+    pthread_mutex_lock(&s->lock);
+    s->metrics.preemptions++;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* The newest running request after running[i] that holds blocks and is not in the step's
+ * batch, or -1. */
+static int victim(const struct tmx_serve *s, int i, int n_batched) {
+    for (int v = s->n_running - 1; v > i; v--) {
+        const struct request *r = s->running[v];
+        int batched = 0;
+        for (int j = 0; j < n_batched; j++) batched |= s->b_req[j] == r;
+        if (r->seq && tmx_seq_n_past(r->seq) > 0 && !batched) return v;
+    }
+    return -1;
+}
+
+/* Reserves n positions for running[i], preempting newer requests while the cache is full.
+ * Returns 0 when even that does not make room. */
+static int reserve(struct tmx_serve *s, int i, int n, int n_batched) {
+    for (;;) {
+        if (tmx_seq_reserve(s->running[i]->seq, n, NULL) == TMX_OK) return 1;
+        const int v = victim(s, i, n_batched);
+        if (v < 0) return 0;
+        preempt(s, s->running[v]);
+    }
+}
+
+/* Adds n tokens of r at n_fed to the step's batch. */
+static void batch_add(struct tmx_serve *s, int *nb, struct request *r, int n) {
+    s->b_req[*nb] = r;
+    s->b_seq[*nb] = r->seq;
+    s->b_tok[*nb] = r->tokens + r->n_fed;
+    s->b_n[*nb] = n;
+    (*nb)++;
+}
+
+/* Ends r's run with an error (reap collects it). */
+static void fail(struct tmx_serve *s, struct request *r, const char *msg) {
+    finish(s, r, TMX_FINISH_ERROR, msg);
+    tmx_seq_free(r->seq);
+    r->seq = NULL;
+}
+
+/* One step: a decode token for every request past its prompt, then prompt chunks (a preempted
+ * request's tokens count as prompt) within the token budget, as one forward pass. A request
+ * that finishes or fails loses its sequence (reap collects it). */
 static void step(struct tmx_serve *s) {
-    int budget = s->n_batch;
+    int budget = s->n_batch, nb = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < s->n_running; i++) {
             struct request *r = s->running[i];
-            pthread_mutex_lock(&s->lock);
-            const int cancelled = r->cancelled;
-            pthread_mutex_unlock(&s->lock);
-            if (cancelled || !r->seq) continue;
-            const int decoding = r->n_fed >= r->p.n_prompt;
-            if (decoding != (pass == 0)) continue; /* pass 0 decodes, pass 1 prefills */
-            int n = r->n_tokens - r->n_fed;
-            if (!decoding) {
-                if (budget <= 0) continue;
-                n = n < budget ? n : budget;
-                budget -= n;
+            if (!r->seq || is_cancelled(s, r)) continue;
+            const int left = r->n_tokens - r->n_fed;
+            const int decoding = r->n_gen > 0 && left == 1;
+            if (decoding != (pass == 0) || left < 1 || budget <= 0) continue;
+            if (r->n_fed == 0 && tmx_seq_n_past(r->seq) == 0) { /* new or preempted */
+                r->n_fed = tmx_seq_prefix(r->seq, r->tokens, r->n_tokens);
+                pthread_mutex_lock(&s->lock);
+                s->metrics.prefix_cache_queries += (uint64_t)r->n_tokens;
+                s->metrics.prefix_cache_hits += (uint64_t)r->n_fed;
+                pthread_mutex_unlock(&s->lock);
             }
-            char *err = NULL;
-            enum tmx_status st = tmx_seq_forward(r->seq, r->tokens + r->n_fed, n, s->logits, 0,
-                                                 &err);
-            if (st != TMX_OK) {
-                finish(s, r, TMX_FINISH_ERROR, err ? err : "forward pass failed");
-                free(err);
-                tmx_seq_free(r->seq);
-                r->seq = NULL; /* reaped below */
-                continue;
-            }
-            r->n_fed += n;
-            if (r->n_fed < r->n_tokens) continue; /* more prompt to go */
-            if (emit(s, r)) { /* finished; submit capped max_tokens to the context */
-                tmx_seq_free(r->seq);
-                r->seq = NULL;
+            const int n = r->n_tokens - r->n_fed < budget ? r->n_tokens - r->n_fed : budget;
+            if (!reserve(s, i, n, nb)) continue; /* waits for blocks */
+            batch_add(s, &nb, r, n);
+            budget -= n;
+        }
+    if (nb == 0) { /* nobody could get blocks: the newest holder makes room for the others */
+        for (int i = s->n_running - 1; i >= 0; i--) {
+            struct request *r = s->running[i];
+            if (r->seq && tmx_seq_n_past(r->seq) > 0) {
+                preempt(s, r);
+                return;
             }
         }
+        for (int i = 0; i < s->n_running; i++) /* nothing held, still no room: cannot fit */
+            if (s->running[i]->seq && !is_cancelled(s, s->running[i]))
+                fail(s, s->running[i], "the request needs more KV cache than the server has "
+                     "(config key kv_tokens)");
+        return;
+    }
+    char *err = NULL;
+    enum tmx_status st = tmx_model_step(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->logits, &err);
+    for (int j = 0; j < nb; j++) {
+        struct request *r = s->b_req[j];
+        if (st != TMX_OK) {
+            fail(s, r, err ? err : "forward pass failed");
+            continue;
+        }
+        r->n_fed += s->b_n[j];
+        if (r->n_fed < r->n_tokens) continue; /* more prompt to go */
+        if (emit(s, r, s->logits + (size_t)j * s->vocab_size)) { /* finished */
+            tmx_seq_free(r->seq);
+            r->seq = NULL;
+        }
+    }
+    free(err);
+    struct tmx_kv_usage u;
+    tmx_model_kv_usage(s->m, &u);
+    pthread_mutex_lock(&s->lock);
+    s->metrics.kv_usage = u.full_total ? (double)u.full_used / u.full_total
+                          : u.sliding_total ? (double)u.sliding_used / u.sliding_total : 0.0;
+    pthread_mutex_unlock(&s->lock);
 }
 
 /* Drops finished and cancelled requests from the running set (cancelled ones get ABORT). */
@@ -311,16 +400,23 @@ enum tmx_status tmx_serve_new(struct tmx_engine *e, struct tmx_serve **out, char
     s->n_ctx = tmx_engine_n_ctx(e);
     s->n_batch = (int)tmx_config_int(cfg, "batch");
     s->max_running = (int)tmx_config_int(cfg, "max_running");
+    if (s->max_running > s->n_batch) s->max_running = s->n_batch; /* as the KV cache does */
     s->max_waiting = (int)tmx_config_int(cfg, "max_waiting");
     s->vocab_size = tmx_model_cfg(s->m)->vocab_size;
     s->n_vocab = tmx_engine_n_vocab(e);
     s->next_id = 1;
     s->running = calloc((size_t)s->max_running, sizeof *s->running);
     s->gone = calloc((size_t)s->max_running, sizeof *s->gone);
-    s->logits = malloc((size_t)s->vocab_size * sizeof *s->logits);
+    const size_t R = (size_t)s->max_running;
+    s->logits = malloc(R * (size_t)s->vocab_size * sizeof *s->logits);
     s->work = malloc((size_t)s->vocab_size * sizeof *s->work);
     s->counts = calloc((size_t)s->vocab_size, sizeof *s->counts);
-    if (!s->running || !s->gone || !s->logits || !s->work || !s->counts) {
+    s->b_seq = malloc(R * sizeof *s->b_seq);
+    s->b_tok = malloc(R * sizeof *s->b_tok);
+    s->b_n = malloc(R * sizeof *s->b_n);
+    s->b_req = malloc(R * sizeof *s->b_req);
+    if (!s->running || !s->gone || !s->logits || !s->work || !s->counts || !s->b_seq ||
+        !s->b_tok || !s->b_n || !s->b_req) {
         tmx_serve_free(s);
         return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
@@ -363,6 +459,10 @@ void tmx_serve_free(struct tmx_serve *s) {
     free(s->logits);
     free(s->work);
     free(s->counts);
+    free(s->b_seq);
+    free(s->b_tok);
+    free(s->b_n);
+    free(s->b_req);
     free(s);
 }
 

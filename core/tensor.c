@@ -9,6 +9,7 @@ static const struct {
 } dtypes[TMX_DTYPE_COUNT] = {
     [TMX_DTYPE_F32] = {"F32", 4},     [TMX_DTYPE_BF16] = {"BF16", 2}, [TMX_DTYPE_F16] = {"F16", 2},
     [TMX_DTYPE_F8_E4M3] = {"F8_E4M3", 1}, [TMX_DTYPE_U8] = {"U8", 1}, [TMX_DTYPE_I32] = {"I32", 4},
+    [TMX_DTYPE_I8] = {"I8", 1},
 };
 
 size_t tmx_dtype_size(enum tmx_dtype dt) { return dt < TMX_DTYPE_COUNT ? dtypes[dt].size : 0; }

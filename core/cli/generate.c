@@ -114,8 +114,7 @@ int cmd_generate(int argc, char **argv) {
                      "prompt (%zu tokens) + --n-predict (%d) exceed the context of %d tokens "
                      "(config key \"context\")", n_ids, (int)n_predict, n_ctx);
     if (st == TMX_OK)
-        st = tmx_seq_new(tmx_engine_model(e), n_ctx,
-                         (int)tmx_config_int(tmx_engine_config(e), "batch"), &seq, &err);
+        st = tmx_seq_new(tmx_engine_model(e), n_ctx, &seq, &err);
 
     /* prefill */
     const double t0 = now();

@@ -5,11 +5,14 @@
 
 #include "cli.h"
 
+int cmd_conform(int argc, char **argv); /* conform.c */
+
 static const struct {
     const char *name;
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
+    {"conform", cmd_conform, "check a kernel set against the conformance cases (tmx/conform.h)"},
     {"generate", cmd_generate, "continue a prompt and print the text and tokens/s"},
     {"inspect", cmd_inspect, "print a checkpoint's config, tensors and the plugins it needs"},
     {"quantize", cmd_quantize, "code a BF16 checkpoint's routed experts with a codec (TrellisMX)"},

@@ -30,6 +30,7 @@ struct cpu_ctx {
     enum tmx_status status; /* first failure since the last sync */
     void *scratch;          /* grown on demand; one op at a time uses it */
     size_t scratch_size;
+    float e4m3[256];        /* F8_E4M3 code -> F32, for KV caches */
 };
 
 /* Records a failure (the first one since the last sync wins) and logs its message. */
@@ -45,6 +46,11 @@ const char *cpu_dtype_name(enum tmx_dtype dt);
 /* 1 if dt is a weight dtype the ops read (F32, BF16, F16). */
 static inline int cpu_dtype_ok(enum tmx_dtype dt) {
     return dt == TMX_DTYPE_F32 || dt == TMX_DTYPE_BF16 || dt == TMX_DTYPE_F16;
+}
+
+/* Bytes per element of a KV cache dtype (F32, BF16, F8_E4M3 or I8). */
+static inline size_t cpu_kv_elem_size(enum tmx_dtype dt) {
+    return dt == TMX_DTYPE_F32 ? 4 : dt == TMX_DTYPE_BF16 ? 2 : 1;
 }
 
 /* Checks that a weight is non-empty, F32/BF16/F16 and ndim-dimensional, with shape[0] == rows
@@ -141,15 +147,16 @@ void cpu_rmsnorm_row(float *out, const float *x, const float *w, int d, float ep
 void cpu_swiglu(void *ctx, float *out, const float *gate, const float *up, int64_t count);
 void cpu_add_gated(void *ctx, float *h, const float *a, const struct tmx_tensor *g, int rows,
                    int d);
+void cpu_gather(void *ctx, float *out, const float *x, const int32_t *rows, int n, int d);
 
 /* attention.c */
 void cpu_rope(void *ctx, float *x, const int32_t *pos, const float *inv_freq, int n, int heads,
               int hd);
-void cpu_kv_store(void *ctx, float *k_cache, float *v_cache, int cap, const float *k,
-                  const float *v, const int32_t *pos, int n, int hkv, int hd);
-void cpu_attention(void *ctx, float *out, const float *q, const float *k_cache,
-                   const float *v_cache, int cap, const int32_t *pos, int n, int hq, int hkv,
-                   int hd, int window, float scale);
+void cpu_kv_store(void *ctx, const struct tmx_kv_cache *kv, const float *k, const float *v,
+                  const int32_t *slots, int n);
+void cpu_attention(void *ctx, float *out, const float *q, const struct tmx_kv_cache *kv,
+                   const int32_t *tables, int max_blocks, const int32_t *seq, const int32_t *pos,
+                   int n, int hq, int window, float scale);
 
 /* moe.c */
 void cpu_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits,

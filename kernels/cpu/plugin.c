@@ -43,6 +43,7 @@ const char *cpu_dtype_name(enum tmx_dtype dt) {
     static const char *const names[TMX_DTYPE_COUNT] = {
         [TMX_DTYPE_F32] = "F32", [TMX_DTYPE_BF16] = "BF16", [TMX_DTYPE_F16] = "F16",
         [TMX_DTYPE_F8_E4M3] = "F8_E4M3", [TMX_DTYPE_U8] = "U8", [TMX_DTYPE_I32] = "I32",
+        [TMX_DTYPE_I8] = "I8",
     };
     return (unsigned)dt < TMX_DTYPE_COUNT ? names[dt] : "?";
 }
@@ -122,6 +123,7 @@ static enum tmx_status cpu_init(const struct tmx_host *host, const struct tmx_op
     struct cpu_ctx *c = calloc(1, sizeof *c);
     if (!c) return host->err(err, TMX_ERR_NOMEM, "kernels.cpu: out of memory");
     c->host = host;
+    for (int b = 0; b < 256; b++) c->e4m3[b] = tmx_e4m3_to_f32((uint8_t)b);
     if (cpu_pool_new((int)threads, &c->pool) != TMX_OK) {
         cpu_fini(c);
         return host->err(err, TMX_ERR_NOMEM, "kernels.cpu: cannot start %lld threads",
@@ -210,6 +212,7 @@ static const struct tmx_kernels_i cpu_ops = {
     .moe_experts = cpu_moe_experts,
     .swiglu = cpu_swiglu,
     .add_gated = cpu_add_gated,
+    .gather = cpu_gather,
 };
 
 static const struct tmx_option cpu_options[] = {

@@ -1,4 +1,4 @@
-/* rows.c: the row-wise ops: embed, rmsnorm, swiglu, add_gated.
+/* rows.c: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather.
  *
  * Each is cheap per element, so work is cut into tasks of about GRAIN floats: a decode step's
  * single row runs inline on the caller instead of paying for a pool wake-up. Small weight
@@ -155,4 +155,31 @@ void cpu_add_gated(void *ctx, float *h, const float *a, const struct tmx_tensor 
         return;
     struct add_gated_job j = {h, a, gf, rows, d, per_task(d)};
     cpu_pool_run(c->pool, n_tasks(rows, j.per), add_gated_task, &j);
+}
+
+/* --- gather --------------------------------------------------------------------------------- */
+
+struct gather_job {
+    float *out;        /* [n][d] */
+    const float *x;    /* [rows named][d] */
+    const int32_t *rows;
+    int64_t n, d, per;
+};
+
+static void gather_task(void *arg, int64_t task) {
+    const struct gather_job *j = arg;
+    for (int64_t i = task * j->per; i < j->n && i < (task + 1) * j->per; i++)
+        memcpy(j->out + i * j->d, j->x + j->rows[i] * j->d, (size_t)j->d * sizeof *j->out);
+}
+
+void cpu_gather(void *ctx, float *out, const float *x, const int32_t *rows, int n, int d) {
+    struct cpu_ctx *c = ctx;
+    if (!check_rows(c, "gather", n, d)) return;
+    for (int i = 0; i < n; i++)
+        if (rows[i] < 0) {
+            cpu_fail(c, TMX_ERR_INVALID, "gather: row %d at %d", rows[i], i);
+            return;
+        }
+    struct gather_job j = {out, x, rows, n, d, per_task(d)};
+    cpu_pool_run(c->pool, n_tasks(n, j.per), gather_task, &j);
 }

@@ -73,6 +73,9 @@ void metrics_handle(struct conn *c, const char *body, size_t len) {
     sample(&b, a, "prefix_cache_queries_total", "", (double)m.prefix_cache_queries);
     family(&b, "prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.");
     sample(&b, a, "prefix_cache_hits_total", "", (double)m.prefix_cache_hits);
+    family(&b, "num_preemptions_total", "counter", "Requests preempted to recompute later "
+           "because the KV cache was full.");
+    sample(&b, a, "num_preemptions_total", "", (double)m.preemptions);
     histogram(&b, a, "time_to_first_token_seconds", "Seconds from submission to the first token.",
               m.ttft_count, m.ttft_sum);
     histogram(&b, a, "inter_token_latency_seconds", "Seconds between a request's tokens.",

@@ -65,12 +65,12 @@ def max_rel_err(c, r):
 
 def check_logits(model_dir, overrides=(), n_batch=512):
     ref = muse_ref.load(model_dir)
-    with Engine(model_dir, overrides) as eng:
+    with Engine(model_dir, list(overrides) + [f"batch={n_batch}"]) as eng:
         for text in PROMPTS:
             ids = encode(model_dir, text)
             assert len(ids) > 2 * 16, "prompts must be longer than the sliding window"
             want = ref.forward(ids)
-            seq = eng.seq(n_ctx=256, n_batch=n_batch)
+            seq = eng.seq(n_ctx=256)
             got = seq.forward(ids)
             seq.close()
             assert got.shape == want.shape
@@ -93,7 +93,7 @@ def test_logits_match_reference_llama(tiny_llama):
 
 def test_chunked_prefill_matches_reference(tiny):
     # Steps of 7 tokens: queries of one step see keys written by the previous ones, and the
-    # sliding layers' ring buffer wraps several times.
+    # sliding layers give back blocks that left the window as the prompt goes on.
     check_logits(tiny, ["threads=1"], n_batch=7)
 
 

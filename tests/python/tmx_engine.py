@@ -23,7 +23,13 @@ def lib():
         _lib.tmx_engine_model.argtypes = [P]
         _lib.tmx_engine_model.restype = P
         _lib.tmx_engine_n_vocab.argtypes = [P]
-        _lib.tmx_seq_new.argtypes = [P, I, I, C.POINTER(P), C.POINTER(P)]
+        _lib.tmx_engine_n_ctx.argtypes = [P]
+        _lib.tmx_seq_new.argtypes = [P, I, C.POINTER(P), C.POINTER(P)]
+        _lib.tmx_seq_prefix.argtypes = [P, C.POINTER(C.c_int32), I]
+        _lib.tmx_seq_n_past.argtypes = [P]
+        _lib.tmx_seq_reserve.argtypes = [P, I, C.POINTER(P)]
+        _lib.tmx_model_step.argtypes = [P, C.POINTER(P), C.POINTER(C.POINTER(C.c_int32)),
+                                        C.POINTER(I), I, C.POINTER(C.c_float), C.POINTER(P)]
         _lib.tmx_seq_free.argtypes = [P]
         _lib.tmx_seq_forward.argtypes = [P, C.POINTER(C.c_int32), I, C.POINTER(C.c_float), I,
                                          C.POINTER(P)]
@@ -66,15 +72,45 @@ class Engine:
     def __exit__(self, *exc):
         self.close()
 
-    def seq(self, n_ctx=1024, n_batch=512):
-        return Seq(self, n_ctx, n_batch)
+    def seq(self, n_ctx=None):
+        """A sequence of at most n_ctx tokens (default: the engine's context)."""
+        return Seq(self, n_ctx or lib().tmx_engine_n_ctx(self.handle))
+
+    def step(self, seqs, token_lists):
+        """One batched step: seqs[i] appends token_lists[i]; returns the last-token logits of
+        each sequence, [len(seqs)][n_vocab]. Reserves the blocks first."""
+        arrays = [np.ascontiguousarray(t, dtype=np.int32) for t in token_lists]
+        for s, a in zip(seqs, arrays):
+            err = C.c_void_p()
+            _check(lib().tmx_seq_reserve(s.handle, len(a), C.byref(err)), err)
+        n = len(seqs)
+        handles = (C.c_void_p * n)(*[s.handle for s in seqs])
+        ptrs = (C.POINTER(C.c_int32) * n)(*[a.ctypes.data_as(C.POINTER(C.c_int32))
+                                            for a in arrays])
+        counts = (C.c_int * n)(*[len(a) for a in arrays])
+        out = np.zeros((n, self.vocab_size), dtype=np.float32)
+        err = C.c_void_p()
+        _check(lib().tmx_model_step(lib().tmx_engine_model(self.handle), handles, ptrs, counts,
+                                    n, out.ctypes.data_as(C.POINTER(C.c_float)), C.byref(err)),
+               err)
+        return out[:, : self.n_vocab]
 
 
 class Seq:
-    def __init__(self, engine, n_ctx, n_batch):
+    def __init__(self, engine, n_ctx):
         self.engine, self.handle, err = engine, C.c_void_p(), C.c_void_p()
-        _check(lib().tmx_seq_new(lib().tmx_engine_model(engine.handle), n_ctx, n_batch,
+        _check(lib().tmx_seq_new(lib().tmx_engine_model(engine.handle), n_ctx,
                                  C.byref(self.handle), C.byref(err)), err)
+
+    @property
+    def n_past(self):
+        return lib().tmx_seq_n_past(self.handle)
+
+    def prefix(self, ids):
+        """Takes cached blocks for a prefix of ids; returns how many tokens they cover."""
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        return lib().tmx_seq_prefix(self.handle, ids.ctypes.data_as(C.POINTER(C.c_int32)),
+                                    len(ids))
 
     def close(self):
         if self.handle:

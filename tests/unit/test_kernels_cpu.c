@@ -1,7 +1,8 @@
 /* test_kernels_cpu.c: the CPU kernel set, loaded as the core loads plugins (dlopen and
  * tmx_plugin_entry) with a host table of the test's own. Its descriptor; every conformance case
  * with 1 and 2 threads; bitwise identical outputs with 1, 2 and 3 threads and, for matmul,
- * whatever the number of rows; option and argument errors reported through init and sync. */
+ * whatever the number of rows; option and argument errors reported through init and sync,
+ * among them paged KV cache accesses outside the cache. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -140,11 +141,12 @@ static void test_descriptor(void **state) {
     assert_null(ops->graph_end);
     assert_null(ops->graph_launch);
     assert_null(ops->graph_free);
+    assert_null(ops->native_stream);
     const void *members[] = {
         ops->init,      ops->fini,      ops->buf_alloc, ops->buf_free,    ops->buf_write,
         ops->buf_read,  ops->weight_import, ops->weight_free, ops->sync,  ops->embed,
         ops->rmsnorm,   ops->matmul,    ops->rope,      ops->kv_store,    ops->attention,
-        ops->moe_route, ops->moe_experts, ops->swiglu,  ops->add_gated,
+        ops->moe_route, ops->moe_experts, ops->swiglu,  ops->add_gated,   ops->gather,
     };
     for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) assert_non_null(members[i]);
 }
@@ -308,11 +310,55 @@ static void test_errors(void **state) {
     assert_int_equal(ops->sync(ctx), TMX_ERR_INVALID);
 
     struct tmx_tensor fp8 = {TMX_DTYPE_F8_E4M3, 2, {2, 4}, wdata};
-    int32_t pos[1] = {0};
+    struct tmx_kv_cache kv = {TMX_DTYPE_F32, 1, 2, 2, 1, x, y, NULL, NULL};
+    int32_t zero[1] = {0};
     ops->matmul(ctx, y, x, &fp8, 1);
-    ops->attention(ctx, y, x, x, x, 1, pos, 1, 3, 2, 1, 0, 1.0f); /* 3 heads over 2 */
-    assert_int_equal(ops->sync(ctx), TMX_ERR_UNSUPPORTED);         /* the first failure */
+    ops->attention(ctx, y, x, &kv, zero, 1, zero, zero, 1, 3, 0, 1.0f); /* 3 heads over 2 */
+    assert_int_equal(ops->sync(ctx), TMX_ERR_UNSUPPORTED);               /* the first failure */
     assert_int_equal(n_errors_logged, logged + 4);
+    ops->fini(ctx);
+}
+
+/* The paged ops refuse what would read or write outside the cache, and caches they cannot
+ * decode; a refused op writes nothing. */
+static void test_paged_errors(void **state) {
+    const struct fixture *f = *state;
+    void *ctx = open_set(f, 2);
+    const struct tmx_kernels_i *ops = f->ops;
+    float k[8] = {1, 2, 3, 4, 5, 6, 7, 8}, kc[16] = {0}, vc[16] = {0}, out[8];
+    float ks[4] = {0}, vs[4] = {0};
+    /* 2 blocks of 2 slots, 1 KV head of 4 */
+    struct tmx_kv_cache kv = {TMX_DTYPE_F32, 2, 2, 1, 4, kc, vc, NULL, NULL};
+    int32_t slots[2] = {1, 4}, seq[1] = {0}, pos[1] = {3}, table[2] = {1, -1};
+    int logged = n_errors_logged;
+
+    ops->kv_store(ctx, &kv, k, k, slots, 2); /* slot 4 is past the cache */
+    assert_int_equal(ops->sync(ctx), TMX_ERR_INVALID);
+    assert_float_equal(kc[4], 0, 0);
+    slots[1] = -1; /* skipped */
+    ops->kv_store(ctx, &kv, k, k, slots, 2);
+    assert_int_equal(ops->sync(ctx), TMX_OK);
+    assert_memory_equal(kc + 4, k, 4 * sizeof *k);
+
+    ops->attention(ctx, out, k, &kv, table, 2, seq, pos, 1, 1, 0, 1.0f); /* reads entry 1: -1 */
+    assert_int_equal(ops->sync(ctx), TMX_ERR_INVALID);
+    ops->attention(ctx, out, k, &kv, table, 2, seq, pos, 1, 1, 2, 1.0f); /* window 2: block 1 */
+    assert_int_equal(ops->sync(ctx), TMX_ERR_INVALID);
+    table[0] = 0, table[1] = 1, pos[0] = 4; /* position 4 needs a third table entry */
+    ops->attention(ctx, out, k, &kv, table, 2, seq, pos, 1, 1, 0, 1.0f);
+    assert_int_equal(ops->sync(ctx), TMX_ERR_INVALID);
+
+    kv.dtype = TMX_DTYPE_F8_E4M3; /* scales missing */
+    ops->kv_store(ctx, &kv, k, k, slots, 2);
+    assert_int_equal(ops->sync(ctx), TMX_ERR_INVALID);
+    kv.k_scale = ks, kv.v_scale = vs, kv.dtype = TMX_DTYPE_F16;
+    ops->kv_store(ctx, &kv, k, k, slots, 2);
+    assert_int_equal(ops->sync(ctx), TMX_ERR_UNSUPPORTED);
+
+    int32_t rows[2] = {0, -1};
+    ops->gather(ctx, out, k, rows, 2, 4);
+    assert_int_equal(ops->sync(ctx), TMX_ERR_INVALID);
+    assert_int_equal(n_errors_logged, logged + 7);
     ops->fini(ctx);
 }
 
@@ -322,6 +368,7 @@ int main(void) {
         cmocka_unit_test(test_init_options),
         cmocka_unit_test(test_buffers),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_paged_errors),
         cmocka_unit_test(test_conform_1_thread),
         cmocka_unit_test(test_conform_2_threads),
         cmocka_unit_test(test_threads_bitwise),

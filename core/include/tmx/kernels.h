@@ -44,6 +44,17 @@ struct tmx_moe_weights {
     float eps;
 };
 
+/* The KV cache of one attention layer: a pool of fixed-size blocks that every sequence draws
+ * from (the core's block manager decides which block holds which positions). Row r of block b
+ * is slot b * block_size + r. Buffers come from buf_alloc. */
+struct tmx_kv_cache {
+    enum tmx_dtype dtype;      /* F32, BF16, F8_E4M3 or I8 */
+    int n_blocks, block_size;
+    int hkv, hd;
+    void *k, *v;               /* [n_blocks * block_size][hkv][hd] of dtype */
+    float *k_scale, *v_scale;  /* [n_blocks * block_size][hkv]: F8_E4M3 and I8 only, else NULL */
+};
+
 struct tmx_kernels_i {
     uint32_t struct_size;
 
@@ -93,18 +104,24 @@ struct tmx_kernels_i {
     void (*rope)(void *ctx, float *x, const int32_t *pos, const float *inv_freq, int n, int heads,
                  int hd);
 
-    /* KV cache of one layer: k_cache, v_cache [cap][hkv][hd]; position p lives in slot p % cap.
-     * Stores k, v [n][hkv][hd] of positions pos[0..n). */
-    void (*kv_store)(void *ctx, float *k_cache, float *v_cache, int cap, const float *k,
-                     const float *v, const int32_t *pos, int n, int hkv, int hd);
+    /* Stores k, v [n][hkv][hd] of n tokens into the paged cache `kv` (one layer) at slots[n]
+     * (slot = block * block_size + row; < 0: skip the row). F8_E4M3 and I8 caches store one
+     * F32 scale per token and KV head, amax / 448 or amax / 127 (0 for an all-zero row), and
+     * the row divided by it, rounded to nearest even (I8: clamped to +-127); BF16 rounds to
+     * nearest even. */
+    void (*kv_store)(void *ctx, const struct tmx_kv_cache *kv, const float *k, const float *v,
+                     const int32_t *slots, int n);
 
-    /* out[n][hq][hd]: causal GQA attention of q[n][hq][hd] (query head h reads KV head
-     * h / (hq / hkv)) over the cached positions j with max(0, p - window + 1) <= j <= p, p = pos[t]
-     * (window 0: all j <= p), softmax(q.k * scale). The caller guarantees slots j % cap hold
-     * position j for every such j. */
-    void (*attention)(void *ctx, float *out, const float *q, const float *k_cache,
-                      const float *v_cache, int cap, const int32_t *pos, int n, int hq, int hkv,
-                      int hd, int window, float scale);
+    /* out[n][hq][hd]: causal GQA attention of q[n][hq][hd] over the paged cache `kv` (one
+     * layer). Token t belongs to sequence seq[t] at position p = pos[t] and reads the cached
+     * positions j with max(0, p - window + 1) <= j <= p (window 0: all j <= p) of its sequence:
+     * position j lives in block tables[seq[t] * max_blocks + j / block_size], row
+     * j % block_size. Query head h reads KV head h / (hq / hkv); softmax(q.k * scale) in F32
+     * over the dequantized cache. The caller guarantees those blocks hold those positions
+     * (written by an earlier kv_store, possibly of this step). seq, pos, tables are buffers. */
+    void (*attention)(void *ctx, float *out, const float *q, const struct tmx_kv_cache *kv,
+                      const int32_t *tables, int max_blocks, const int32_t *seq,
+                      const int32_t *pos, int n, int hq, int window, float scale);
 
     /* Router: from logits[n][n_exp] computes s = score(logits), picks the top k of s + bias
      * (bias [n_exp] F32 or NULL; ties -> lower id), and writes ids[n][k] (descending by
@@ -124,6 +141,13 @@ struct tmx_kernels_i {
     /* h[r][:] += g * a[r][:] (g: [d] weight, NULL: 1). rows x d. */
     void (*add_gated)(void *ctx, float *h, const float *a, const struct tmx_tensor *g, int rows,
                       int d);
+
+    /* out[i][:] = x[rows[i]][:], i < n; d columns. rows is a buffer. */
+    void (*gather)(void *ctx, float *out, const float *x, const int32_t *rows, int n, int d);
+
+    /* (optional; NULL: none) The set's native queue, for a codec's device path that must run
+     * on the same stream (a cudaStream_t for the CUDA set). */
+    void *(*native_stream)(void *ctx);
 };
 
 #endif

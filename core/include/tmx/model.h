@@ -2,8 +2,8 @@
  *
  * Ownership: a tmx_model borrows the checkpoint, the kernel set and the plugin registry given
  * to tmx_model_load (all must outlive it); it owns the weights it imported into the kernel set
- * and the codec instance it opened. A tmx_seq owns its
- * KV cache and scratch buffers and borrows its model. */
+ * and the codec instance it opened, and the KV cache and step buffers of tmx_model_kv_init.
+ * A tmx_seq owns its block tables and borrows its model (free sequences before the model). */
 #ifndef TMX_MODEL_H
 #define TMX_MODEL_H
 
@@ -60,20 +60,66 @@ enum tmx_status tmx_model_load(const struct tmx_checkpoint *ck, const struct tmx
 void tmx_model_free(struct tmx_model *m);
 const struct tmx_model_config *tmx_model_cfg(const struct tmx_model *m);
 
-/* One sequence: its KV cache (sliding layers keep only window + n_batch positions) and the
- * scratch buffers of a step of up to n_batch tokens. */
+/* --- the KV cache and steps -------------------------------------------------------------
+ *
+ * The model owns one paged KV cache (tmx/kvcache.h) for all its sequences and the scratch
+ * buffers of a step of up to n_batch tokens drawn from up to max_seqs sequences. Full-attention
+ * layers share one block pool and sliding-window layers another, whose blocks a sequence gives
+ * back as they leave the window. */
+struct tmx_kv_options {
+    int n_ctx;            /* longest sequence */
+    int n_batch;          /* tokens per step */
+    int max_seqs;         /* sequences per step */
+    int block_size;       /* positions per block */
+    int n_tokens;         /* positions the full-attention pool holds; 0: n_ctx * max_seqs */
+    enum tmx_dtype dtype; /* F32, BF16, F8_E4M3 or I8 */
+    int prefix_cache;     /* publish full blocks and reuse them */
+};
+
+/* Allocates the cache and the step buffers; once, before the first tmx_seq_new. */
+enum tmx_status tmx_model_kv_init(struct tmx_model *m, const struct tmx_kv_options *o,
+                                  char **err);
+
+/* What the cache holds now, in blocks of its full-attention pool and of its sliding pool. */
+struct tmx_kv_usage {
+    int full_used, full_total;
+    int sliding_used, sliding_total;
+    int block_size;
+};
+void tmx_model_kv_usage(const struct tmx_model *m, struct tmx_kv_usage *u);
+
+/* One sequence: its tokens and the blocks of the cache that hold them. */
 struct tmx_seq;
 
-enum tmx_status tmx_seq_new(struct tmx_model *m, int n_ctx, int n_batch, struct tmx_seq **out,
-                            char **err);
+/* n_ctx: the sequence's length limit, at most the cache's. */
+enum tmx_status tmx_seq_new(struct tmx_model *m, int n_ctx, struct tmx_seq **out, char **err);
 void tmx_seq_free(struct tmx_seq *s);
 int tmx_seq_n_past(const struct tmx_seq *s);
+/* Empties the sequence and gives its blocks back (published ones stay findable). */
 void tmx_seq_reset(struct tmx_seq *s);
 
-/* Appends tokens[0..n) to the sequence (in steps of at most n_batch) and writes logits
- * (vocab_size columns, padded rows included): of the last token to logits[vocab_size], or with
- * all_rows of every token to logits[n][vocab_size]. Errors: context full, token id out of range,
- * a kernel failure. */
+/* On an empty sequence: takes the cached blocks that hold a prefix of tokens[0..n) and returns
+ * how many positions they cover (the sequence's n_past now; always < n, so the last token is
+ * left to compute its logits). 0 when prefix caching is off. */
+int tmx_seq_prefix(struct tmx_seq *s, const int32_t *tokens, int n);
+
+/* Takes the blocks n more positions need. TMX_ERR_BUSY (message included) when the cache has
+ * too few free blocks: nothing changed, and the caller may free blocks (preempt a sequence)
+ * and try again. Errors: n beyond the sequence's n_ctx. */
+enum tmx_status tmx_seq_reserve(struct tmx_seq *s, int n, char **err);
+
+/* One step: sequence seqs[i] appends tokens[i][0..n[i]), for sum(n) <= n_batch and n_seqs <=
+ * max_seqs (distinct sequences), with the blocks reserved. Writes the logits of each
+ * sequence's last new token to logits[i][vocab_size]. Errors: token id out of range, a kernel
+ * failure (the sequences are then in an undefined state: reset them). */
+enum tmx_status tmx_model_step(struct tmx_model *m, struct tmx_seq *const *seqs,
+                               const int32_t *const *tokens, const int *n, int n_seqs,
+                               float *logits, char **err);
+
+/* Appends tokens[0..n) to one sequence in steps of at most n_batch, reserving as it goes, and
+ * writes logits (vocab_size columns): of the last token to logits[vocab_size], or with all_rows
+ * of every token to logits[n][vocab_size]. Errors: context full, KV cache full (TMX_ERR_BUSY),
+ * token id out of range, a kernel failure. */
 enum tmx_status tmx_seq_forward(struct tmx_seq *s, const int32_t *tokens, int n, float *logits,
                                 int all_rows, char **err);
 
@@ -94,9 +140,10 @@ struct tmx_moe_capture {
 typedef enum tmx_status (*tmx_capture_fn)(void *arg, const struct tmx_moe_capture *cap,
                                           char **err);
 
-/* From the next forward step on, calls fn(arg, ...) in every MoE layer (fn NULL: stop). The
- * step syncs the kernel set before each call, so the kernel set's buffers must be host memory
+/* From the next step on, calls fn(arg, ...) in every MoE layer (fn NULL: stop). The step syncs
+ * the kernel set before each call, so the kernel set's buffers must be host memory
  * (TMX_CAP_HOST_MEMORY); TMX_ERR_UNSUPPORTED otherwise. */
-enum tmx_status tmx_seq_set_capture(struct tmx_seq *s, tmx_capture_fn fn, void *arg, char **err);
+enum tmx_status tmx_model_set_capture(struct tmx_model *m, tmx_capture_fn fn, void *arg,
+                                      char **err);
 
 #endif

@@ -32,10 +32,14 @@
 #include "tmx/status.h"
 #include "tmx/tensor.h"
 
-#define TMX_ABI_MAJOR 1
+#define TMX_ABI_MAJOR 2
 #define TMX_ABI_MINOR 0
 
 #define TMX_PLUGIN_EXPORT __attribute__((visibility("default")))
+
+/* Whether ops table t (a pointer) holds member m: inside its struct_size and non-NULL. */
+#define TMX_OPS_HAS(t, m)                                                                         \
+    ((t)->struct_size >= offsetof(__typeof__(*(t)), m) + sizeof((t)->m) && (t)->m)
 #define TMX_PLUGIN_ENTRY_SYMBOL "tmx_plugin_entry"
 
 enum tmx_plugin_kind {
@@ -121,8 +125,8 @@ typedef const struct tmx_plugin *(*tmx_plugin_entry_fn)(const struct tmx_host *h
  * Packed routed experts. A checkpoint names its codec in hf_quant_config.json ("codec":
  * "<name>" -> plugin codec.<name>); the core then hands each MoE layer's experts to the codec
  * instead of binding expert tensors itself. A codec reads its own files (through the host's
- * safetensors functions) and runs the experts of a layer on host memory; device paths for a
- * kernel set are appended by the issue that brings them. */
+ * safetensors functions) and runs the experts of a layer on host memory, or on a kernel set's
+ * device through the optional device path. */
 
 /* One MoE layer as config.json describes it. */
 struct tmx_codec_layer_info {
@@ -178,6 +182,22 @@ struct tmx_codec_i {
      * snprintf-style: returns the length it needs, or < 0 when it cannot build at `bits`.
      * tmx quantize adds "quant_method", "codec", "mxfp8_tensors" and "producer". */
     int (*quant_config)(void *ctx, int bits, char *buf, size_t size);
+
+    /* --- device path (optional; NULL: host memory only) ---------------------------------
+     * For a kernel set without TMX_CAP_HOST_MEMORY, named by `kernels` ("cuda"); a codec
+     * refuses a set it has no code for with TMX_ERR_UNSUPPORTED. `stream` is the set's
+     * native_stream. device_load copies a layer opened by layer_load to the device (the host
+     * layer may be freed afterwards); device_moe_experts has moe_experts' contract on the set's
+     * buffers (post_norm imported into the set), queued on `stream`: it returns launch errors,
+     * and errors of the queued work surface at the kernel set's next sync. */
+    enum tmx_status (*device_load)(void *ctx, void *layer, const char *kernels, void *stream,
+                                   void **dev, char **err);
+    void (*device_free)(void *ctx, void *dev);
+    enum tmx_status (*device_moe_experts)(void *ctx, void *dev, void *stream, float *out,
+                                          const float *z, const int32_t *ids,
+                                          const float *weights, int n, int k,
+                                          const struct tmx_tensor *post_norm, float eps,
+                                          char **err);
 };
 
 /* --- kind: drafter ---------------------------------------------------------------------------

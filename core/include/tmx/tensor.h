@@ -19,6 +19,7 @@ enum tmx_dtype {
     TMX_DTYPE_F8_E4M3,
     TMX_DTYPE_U8,
     TMX_DTYPE_I32,
+    TMX_DTYPE_I8,
     TMX_DTYPE_COUNT
 };
 
@@ -83,6 +84,31 @@ static inline float tmx_e4m3_to_f32(uint8_t b) {
         v = (1.0f + (float)man / 8.0f) * (float)(1u << exp) / 128.0f;
     }
     return (b & 0x80u) ? -v : v;
+}
+
+/* f32 -> E4M3 (OCP FP8, bias 7, no infinities, 0x7f = NaN): round to nearest even, saturating
+ * at +-448; NaN stays NaN. */
+static inline uint8_t tmx_f32_to_e4m3(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return sign | 0x7f;
+    float a = f < 0 ? -f : f;
+    if (!(a < 464.0f)) return sign | 0x7e; /* 448 is the largest finite; 464 rounds to it */
+    if (a < 0.015625f) {                   /* subnormal: multiples of 2^-9 */
+        float q = a * 512.0f;
+        float r = (float)(int)q;
+        float d = q - r;
+        int m = (int)r + (d > 0.5f || (d == 0.5f && ((int)r & 1)));
+        return sign | (uint8_t)m; /* m == 8 is the smallest normal, 0x08 */
+    }
+    memcpy(&u, &a, sizeof u);
+    const uint32_t lsb = (u >> 20) & 1u;
+    u += 0x7ffffu + lsb; /* round the 23-bit mantissa to 3 bits, ties to even */
+    const int e = (int)(u >> 23) - 127 + 7;
+    const uint8_t m = (uint8_t)((u >> 20) & 7u);
+    if (e > 15 || (e == 15 && m == 7)) return sign | 0x7e;
+    return sign | (uint8_t)(e << 3) | m;
 }
 
 #endif

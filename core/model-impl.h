@@ -1,0 +1,45 @@
+/* model-impl.h: the model's private state, shared by model.c (loading) and forward.c (the KV
+ * cache, sequences and the step). */
+#ifndef TMX_MODEL_IMPL_H
+#define TMX_MODEL_IMPL_H
+
+#include "tmx/kvcache.h"
+#include "tmx/model.h"
+
+/* --- weights ------------------------------------------------------------------------------- */
+
+struct layer {
+    struct tmx_tensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, attn_gate;
+    struct tmx_tensor mlp_norm, mlp_gate;
+    struct tmx_tensor gate, up, down;             /* dense MLP, or the shared expert */
+    struct tmx_tensor router, router_bias, bridge_in, bridge_out, post_norm;
+    struct tmx_tensor *experts;                   /* [3][n_routed_experts]: gate, up, down */
+    struct tmx_moe_weights moe;
+    void *codec_layer;                            /* the codec's handle when a codec has them */
+    void *codec_dev;                              /* its device copy (codec device path) */
+};
+
+struct tmx_model {
+    struct tmx_model_config cfg;
+    const struct tmx_kernels *k;
+    struct tmx_tensor embed, final_norm, lm_head;
+    struct layer *layers;                         /* [n_layers] */
+    float *inv_freq_full, *inv_freq_local;        /* device, [head_dim/2] */
+    struct tmx_tensor **imported;                 /* every tensor to weight_free */
+    int n_imported, cap_imported;
+    void **owned;                                 /* host arrays converted at load time */
+    int n_owned, cap_owned;
+    const struct tmx_plugin *codec;               /* routed experts' codec, or NULL */
+    const struct tmx_codec_i *codec_ops;
+    void *codec_ctx;
+    struct kv_state *kv;                          /* tmx_model_kv_init: cache and step */
+    tmx_capture_fn capture;                       /* calibration hook, or NULL */
+    void *capture_arg;
+};
+
+/* forward.c */
+void tmx_model_kv_free(struct tmx_model *m);
+
+#endif
+
+
