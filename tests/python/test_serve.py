@@ -182,3 +182,57 @@ def test_bad_parameters_are_named(tiny):
         with pytest.raises(TmxError, match="repetition_penalty"):
             srv.submit([506], 4, repetition_penalty=0.0)
         srv.close()
+
+
+class Metrics(C.Structure):
+    _fields_ = [("running", C.c_int), ("waiting", C.c_int), ("prompt_tokens", C.c_uint64),
+                ("generation_tokens", C.c_uint64), ("finished", C.c_uint64 * 5),
+                ("ttft_count", C.c_uint64 * 12), ("itl_count", C.c_uint64 * 12),
+                ("ttft_sum", C.c_double), ("itl_sum", C.c_double), ("kv_usage", C.c_double),
+                ("prefix_cache_queries", C.c_uint64), ("prefix_cache_hits", C.c_uint64),
+                ("preemptions", C.c_uint64)]
+
+
+def metrics(srv):
+    m = Metrics()
+    lib().tmx_serve_metrics.argtypes = [C.c_void_p, C.POINTER(Metrics)]
+    lib().tmx_serve_metrics(srv.handle, C.byref(m))
+    return m
+
+
+def test_preemption_when_the_kv_cache_runs_out(tiny):
+    # The cache holds 96 positions, one context's worth; four requests of 30 + 40 tokens need
+    # 280. Newer requests are preempted and recompute later: every request still gets exactly
+    # the tokens it gets alone.
+    prompts = [[506] + list(range(100 + 31 * i, 129 + 31 * i)) for i in range(4)]
+    cfg = ["threads=2", "context=96", "kv_tokens=96", "kv_block_size=8", "max_running=4",
+           "batch=32"]
+    with Engine(tiny, cfg) as eng:
+        want = []
+        for p in prompts:
+            seq = eng.seq()
+            want.append(seq.greedy(p, 40))
+            seq.close()
+        srv = Server(eng)
+        ids = [srv.submit(p, 40) for p in prompts]
+        got = [tokens(srv.wait(r)) for r in ids]
+        assert all(srv.events[r][-1]["finish"] == FINISH_LENGTH for r in ids)
+        m = metrics(srv)
+        srv.close()
+    assert got == want
+    assert m.preemptions > 0
+
+
+def test_prefix_cache_hits_are_counted(tiny):
+    prompt = [506] + list(range(300, 350))
+    with Engine(tiny, ["threads=2", "kv_block_size=16"]) as eng:
+        srv = Server(eng)
+        first = tokens(srv.wait(srv.submit(prompt, 8)))
+        m0 = metrics(srv)
+        second = tokens(srv.wait(srv.submit(prompt, 8)))
+        m1 = metrics(srv)
+        srv.close()
+    assert first == second
+    assert m0.prefix_cache_hits == 0 and m0.prefix_cache_queries == len(prompt)
+    assert m1.prefix_cache_hits - m0.prefix_cache_hits == 48  # three full blocks of 16
+    assert 0 <= m1.kv_usage <= 1

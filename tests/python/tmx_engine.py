@@ -33,8 +33,14 @@ def lib():
         _lib.tmx_seq_free.argtypes = [P]
         _lib.tmx_seq_forward.argtypes = [P, C.POINTER(C.c_int32), I, C.POINTER(C.c_float), I,
                                          C.POINTER(P)]
+        _lib.tmx_model_kv_usage.argtypes = [P, C.POINTER(KvUsage)]
         _lib.tmx_free.argtypes = [P]
     return _lib
+
+
+class KvUsage(C.Structure):
+    _fields_ = [("full_used", C.c_int), ("full_total", C.c_int), ("sliding_used", C.c_int),
+                ("sliding_total", C.c_int), ("block_size", C.c_int)]
 
 
 class TmxError(RuntimeError):
@@ -75,6 +81,11 @@ class Engine:
     def seq(self, n_ctx=None):
         """A sequence of at most n_ctx tokens (default: the engine's context)."""
         return Seq(self, n_ctx or lib().tmx_engine_n_ctx(self.handle))
+
+    def kv_usage(self):
+        u = KvUsage()
+        lib().tmx_model_kv_usage(lib().tmx_engine_model(self.handle), C.byref(u))
+        return u
 
     def step(self, seqs, token_lists):
         """One batched step: seqs[i] appends token_lists[i]; returns the last-token logits of

@@ -138,6 +138,30 @@ def softmax(v, axis=-1):
     return e / e.sum(axis=axis, keepdims=True)
 
 
+def e4m3_round(x):
+    """x rounded to the nearest E4M3 value, ties to even, saturating at ±448."""
+    a = np.abs(x)
+    e = np.floor(np.log2(np.maximum(a, 2.0 ** -6)))        # subnormals share 2^-6's step
+    step = 2.0 ** (e - 3)
+    return np.sign(x) * np.minimum(np.rint(a / step) * step, 448.0)
+
+
+def kv_round(x, dtype):
+    """What a KV cache of `dtype` gives back for rows x [..][hd]: bf16 rounds each value; fp8
+    and int8 divide each row by amax / 448 or amax / 127 and round (int8 clamped to ±127)."""
+    if dtype == "f32":
+        return x
+    if dtype == "bf16":
+        b = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16 << 16).astype(np.uint32)
+        return b.view(np.float32).astype(np.float64)
+    top = {"fp8": 448.0, "int8": 127.0}[dtype]
+    s = np.abs(x).max(axis=-1, keepdims=True) / top
+    safe = np.where(s == 0, 1.0, s)
+    q = e4m3_round(x / safe) if dtype == "fp8" else np.clip(np.rint(x / safe), -127, 127)
+    return q * s
+
+
 def rmsnorm(v, w, eps):
     """v / sqrt(mean(v²) + eps) * w over the last axis."""
     return v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * w
@@ -241,8 +265,9 @@ class Cache:
 
 
 class Model:
-    def __init__(self, cfg, tensors, n_vocab):
+    def __init__(self, cfg, tensors, n_vocab, kv_dtype="f32"):
         self.cfg = cfg
+        self.kv_dtype = kv_dtype
         self.t = tensors
         self.n_vocab = n_vocab
         self.inv_freq_full = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
@@ -264,6 +289,7 @@ class Model:
         sliding = cfg.sliding[layer]
         inv_freq = self.inv_freq_local if sliding else self.inv_freq_full
         q, k = rope(q, positions, inv_freq), rope(k, positions, inv_freq)
+        k, v = kv_round(k, self.kv_dtype), kv_round(v, self.kv_dtype)
         if cache.k[layer] is not None:
             k = np.concatenate([cache.k[layer], k])
             v = np.concatenate([cache.v[layer], v])
@@ -315,12 +341,13 @@ class Model:
         return out
 
 
-def load(model_dir):
+def load(model_dir, kv_dtype="f32"):
+    """kv_dtype: the KV cache's dtype to model (f32, bf16, fp8, int8)."""
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = Config(json.load(f))
     tensors = read_checkpoint(model_dir)
     n_vocab = tokenizer_size(model_dir) or cfg.vocab_size
-    return Model(cfg, tensors, min(n_vocab, cfg.vocab_size))
+    return Model(cfg, tensors, min(n_vocab, cfg.vocab_size), kv_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
