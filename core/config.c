@@ -45,6 +45,7 @@ static const struct core_key {
     {"kv_block_size", KEY_INT, "TMX_KV_BLOCK_SIZE", "16", 1, 4096},
     {"kv_tokens", KEY_INT, "TMX_KV_TOKENS", "0", 0, INT_MAX},
     {"prefix_cache", KEY_BOOL, "TMX_PREFIX_CACHE", "true", 0, 0},
+    {"graphs", KEY_BOOL, "TMX_GRAPHS", "true", 0, 0},
 };
 #define N_CORE_KEYS (sizeof core_keys / sizeof core_keys[0])
 

@@ -37,6 +37,7 @@ static enum tmx_status kv_init(struct tmx_engine *e, char **err) {
         .n_tokens = (int)tmx_config_int(e->cfg, "kv_tokens"),
         .dtype = tmx_kv_dtype_parse(tmx_config_str(e->cfg, "kv_dtype")),
         .prefix_cache = tmx_config_bool(e->cfg, "prefix_cache"),
+        .graphs = tmx_config_bool(e->cfg, "graphs"),
     };
     return tmx_model_kv_init(e->model, &o, err);
 }

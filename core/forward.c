@@ -42,6 +42,7 @@ struct kv_state {
     float *z, *y;                /* [B][moe_latent] */
     float *hn, *logits;          /* [max_seqs][hidden], [max_seqs][vocab_size] */
     int32_t *pos_host, *seq_host, *rows_host; /* [B], [B], [B] */
+    void **graphs;               /* [max_seqs + 1] decode step of n sequences, recorded once */
 };
 
 struct tmx_seq {
@@ -144,6 +145,18 @@ static enum tmx_status step_buffers_init(struct tmx_model *m, struct kv_state *k
     return st;
 }
 
+/* Decode steps are recorded once per batch size and replayed when the kernel set can record
+ * them and no layer needs the host between ops (a codec without a device path). */
+static int graphs_usable(const struct tmx_model *m) {
+    const struct tmx_kernels_i *op = m->k->ops;
+    if (!TMX_OPS_HAS(op, graph_begin) || !TMX_OPS_HAS(op, graph_end) ||
+        !TMX_OPS_HAS(op, graph_launch) || !TMX_OPS_HAS(op, graph_free))
+        return 0;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (m->layers[l].codec_layer && !m->layers[l].codec_dev) return 0;
+    return 1;
+}
+
 enum tmx_status tmx_model_kv_init(struct tmx_model *m, const struct tmx_kv_options *opts,
                                   char **err) {
     const struct tmx_model_config *c = &m->cfg;
@@ -180,6 +193,10 @@ enum tmx_status tmx_model_kv_init(struct tmx_model *m, const struct tmx_kv_optio
     }
     if (st == TMX_OK) st = cache_init(m, kv, err);
     if (st == TMX_OK) st = step_buffers_init(m, kv, err);
+    if (st == TMX_OK && o.graphs && graphs_usable(m)) {
+        kv->graphs = calloc((size_t)o.max_seqs + 1, sizeof *kv->graphs);
+        if (!kv->graphs) st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    }
     if (st != TMX_OK) tmx_model_kv_free(m);
     return st;
 }
@@ -193,6 +210,9 @@ void tmx_model_kv_free(struct tmx_model *m) {
         dev_free(m, kv->cache[l].k_scale);
         dev_free(m, kv->cache[l].v_scale);
     }
+    for (int i = 0; kv->graphs && i <= kv->opt.max_seqs; i++)
+        if (kv->graphs[i]) m->k->ops->graph_free(m->k->ctx, kv->graphs[i]);
+    free(kv->graphs);
     void *bufs[] = {kv->tok, kv->pos, kv->seq, kv->rows, kv->h, kv->x, kv->o, kv->q, kv->att,
                     kv->kk, kv->vv, kv->f1, kv->f2, kv->rl, kv->rw, kv->rid, kv->z, kv->y,
                     kv->hn, kv->logits, kv->g[0].slot, kv->g[0].tables, kv->g[1].slot,
@@ -493,26 +513,51 @@ static enum tmx_status forward_step(struct tmx_model *m, int n, char **err) {
     return TMX_OK;
 }
 
-/* Logits of token rows rows_host[0..n_rows) of kv->h into logits[n_rows][vocab_size], at most
- * max_seqs rows at a time. */
-static enum tmx_status read_logits(struct tmx_model *m, int n_rows, float *logits) {
+/* Logits of the r token rows of kv->h listed in kv->rows into kv->logits[r][vocab_size]. */
+static void logits_rows(struct tmx_model *m, int r) {
     const struct tmx_model_config *c = &m->cfg;
     const struct tmx_kernels_i *op = m->k->ops;
     struct kv_state *kv = m->kv;
     void *kc = m->k->ctx;
     const struct tmx_tensor *head = c->tie_word_embeddings ? &m->embed : &m->lm_head;
-    const size_t row = (size_t)c->vocab_size * sizeof(float);
-    enum tmx_status st = TMX_OK;
-    for (int done = 0; st == TMX_OK && done < n_rows; done += kv->opt.max_seqs) {
+    op->gather(kc, kv->hn, kv->h, kv->rows, r, c->hidden);
+    op->rmsnorm(kc, kv->hn, kv->hn, &m->final_norm, r, c->hidden, (float)c->rms_norm_eps);
+    op->matmul(kc, kv->logits, kv->hn, head, r);
+}
+
+/* The whole step on n tokens with logits of n_rows rows (rows_host), eagerly or, for a decode
+ * step of n sequences, through the graph recorded for n. */
+static enum tmx_status run_step(struct tmx_model *m, int n, int n_rows, int decode,
+                                float *logits, char **err) {
+    const struct tmx_kernels_i *op = m->k->ops;
+    struct kv_state *kv = m->kv;
+    void *kc = m->k->ctx;
+    const size_t row = (size_t)m->cfg.vocab_size * sizeof(float);
+    enum tmx_status st;
+    if (decode && kv->graphs) {
+        if ((st = op->buf_write(kc, kv->rows, kv->rows_host, (size_t)n * 4)) != TMX_OK) return st;
+        if (!kv->graphs[n]) {
+            if ((st = op->graph_begin(kc)) != TMX_OK) return st;
+            st = forward_step(m, n, err);
+            if (st == TMX_OK) logits_rows(m, n);
+            enum tmx_status end = op->graph_end(kc, &kv->graphs[n]);
+            if (st != TMX_OK) return st;
+            if (end != TMX_OK) return end;
+        }
+        if ((st = op->graph_launch(kc, kv->graphs[n])) != TMX_OK) return st;
+        return op->buf_read(kc, logits, kv->logits, (size_t)n * row);
+    }
+    if ((st = forward_step(m, n, err)) != TMX_OK) return st;
+    for (int done = 0; done < n_rows; done += kv->opt.max_seqs) { /* max_seqs rows at a time */
         const int r = n_rows - done < kv->opt.max_seqs ? n_rows - done : kv->opt.max_seqs;
         st = op->buf_write(kc, kv->rows, kv->rows_host + done, (size_t)r * 4);
-        if (st != TMX_OK) break;
-        op->gather(kc, kv->hn, kv->h, kv->rows, r, c->hidden);
-        op->rmsnorm(kc, kv->hn, kv->hn, &m->final_norm, r, c->hidden, (float)c->rms_norm_eps);
-        op->matmul(kc, kv->logits, kv->hn, head, r);
-        st = op->buf_read(kc, logits + (size_t)done * c->vocab_size, kv->logits, (size_t)r * row);
+        if (st != TMX_OK) return st;
+        logits_rows(m, r);
+        st = op->buf_read(kc, logits + (size_t)done * m->cfg.vocab_size, kv->logits,
+                          (size_t)r * row);
+        if (st != TMX_OK) return st;
     }
-    return st;
+    return TMX_OK;
 }
 
 /* tmx_model_step, with the logits of every token instead when all_rows. */
@@ -571,8 +616,14 @@ static enum tmx_status step(struct tmx_model *m, struct tmx_seq *const *seqs,
             st = op->buf_write(kc, kv->g[g].tables, kv->g[g].tables_host, (size_t)n_seqs * mb * 4);
     }
     if (st != TMX_OK) return tmx_err(err, st, "kernel set: cannot upload the step's tokens");
-    if ((st = forward_step(m, N, err)) != TMX_OK) return st;
-    st = read_logits(m, all_rows ? N : n_seqs, logits);
+    char *ferr = NULL; /* set only by a failure that has its own message */
+    st = run_step(m, N, all_rows ? N : n_seqs, N == n_seqs && !all_rows && !m->capture, logits,
+                  &ferr);
+    if (ferr) {
+        if (err) *err = ferr;
+        else free(ferr);
+        return st;
+    }
     if (st == TMX_OK) st = op->sync(kc);
     if (st != TMX_OK)
         return tmx_err(err, st, "kernel set %s failed during the forward pass: %s",

@@ -74,6 +74,8 @@ struct tmx_kv_options {
     int n_tokens;         /* positions the full-attention pool holds; 0: n_ctx * max_seqs */
     enum tmx_dtype dtype; /* F32, BF16, F8_E4M3 or I8 */
     int prefix_cache;     /* publish full blocks and reuse them */
+    int graphs;           /* record decode steps once per batch size and replay them, where
+                             the kernel set can (its graph_* ops) */
 };
 
 /* Allocates the cache and the step buffers; once, before the first tmx_seq_new. */
