@@ -552,15 +552,16 @@ static enum tmx_status cache_new(struct tmx_conform_case *c, int n_blocks, struc
 /* Where n tokens of `seqs` sequences sit in a paged cache. */
 struct paged {
     int n_blocks, max_blocks;
-    int32_t *tables;   /* [seqs][max_blocks]: block ids, -1 where no block is needed */
+    int32_t *tables;    /* [seqs][max_blocks]: block ids, -1 where no block is needed */
     int32_t *seq, *pos; /* [n], tokens of the sequences interleaved */
     int32_t *slots;     /* [n]: block * block_size + row of each token's position */
 };
 
 /* Sequence 0 is ctx positions long, the others between their token count and ctx; each
- * sequence's tokens are its last positions (a prefill chunk or a decode step). Blocks that
- * hold none of its positions the window lets its tokens read stay -1 in its table; the others
- * get distinct ids in shuffled order from a pool two blocks larger than needed. */
+ * sequence's tokens are its last positions (a prefill chunk or a decode step). A table entry
+ * stays -1 past the sequence's end and where the block lies wholly before the window of every
+ * token of the sequence; the other entries get distinct ids in shuffled order from a pool two
+ * blocks larger than needed. */
 static enum tmx_status paged_new(struct tmx_conform_case *c, struct paged *pg) {
     const struct spec *s = c->s;
     int S = s->seqs, bs = s->block, *count = host_alloc(c, (size_t)S * sizeof *count);
@@ -626,9 +627,9 @@ static float store_value(struct tmx_conform_case *c, int i) {
     return (float)(next_u64(c) & 1 ? -x : x);
 }
 
-/* About one token in four is skipped (slot -1); the first stored token's head-0 key row is all
- * zeros (scale 0). The references are the whole cache after the store: the rows named keep
- * their old contents, down to the bytes. */
+/* About one token in four is skipped (slot -1); token 0 is stored and its head-0 key row is all
+ * zeros (scale 0). The references are the whole cache after the store, down to the bytes: rows
+ * that no stored token names keep their old contents. */
 static enum tmx_status kv_store_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     int hkv = s->kv_heads, hd = s->hd;
@@ -642,7 +643,7 @@ static enum tmx_status kv_store_new(struct tmx_conform_case *c) {
     for (size_t i = 0; i < count; i++) v[i] = store_value(c, (int)(i % hd));
     for (int t = 0; t < s->n; t++)
         if (t && randint(c, 0, 3) == 0) pg.slots[t] = -1;
-    memset(k, 0, (size_t)hd * sizeof *k); /* token 0 is always stored */
+    memset(k, 0, (size_t)hd * sizeof *k);
     c->arg[0] = upload(c, k, count * sizeof *k);
     c->arg[1] = upload(c, v, count * sizeof *v);
     c->arg[2] = upload(c, pg.slots, (size_t)s->n * sizeof *pg.slots);
@@ -722,7 +723,6 @@ static void attention_run(struct tmx_conform_case *c) {
     c->ops->attention(c->ctx, c->arg[4], c->arg[0], &c->kv, c->arg[1], c->max_blocks, c->arg[2],
                       c->arg[3], s->n, s->heads, s->window, 1 / sqrtf((float)s->hd));
 }
-
 
 /* --- moe_route -------------------------------------------------------------------------------- */
 

@@ -84,16 +84,22 @@ static int check_cache(struct cpu_ctx *c, const char *op, const struct tmx_kv_ca
 
 /* Cached rows are decoded to F32 8 elements at a time inside the dot product and the weighted
  * sum, so no decoded copy of the cache is ever made; dt is a constant where these are inlined.
- * F8 codes go through the context's 256-entry table; a quantized row's scale is the caller's. */
+ * A quantized row's scale is the caller's. An E4M3 code with its exponent and mantissa moved
+ * up 7 bits and its sign to bit 15 is the F16 of 2^-8 times its value, subnormals included, so
+ * F8 rows go through the F16 conversion (the NaN code 0x7f, never stored, reads as 480). */
 typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
 
-static inline f32x8 cache_load(enum tmx_dtype dt, const void *row, int64_t i, const float *e4m3) {
+static inline f32x8 cache_load(enum tmx_dtype dt, const void *row, int64_t i) {
     switch (dt) {
     case TMX_DTYPE_BF16: return v8_load_bf16((const uint16_t *)row + i);
     case TMX_DTYPE_F8_E4M3: {
         const uint8_t *p = (const uint8_t *)row + i;
-        return (f32x8){e4m3[p[0]], e4m3[p[1]], e4m3[p[2]], e4m3[p[3]],
-                       e4m3[p[4]], e4m3[p[5]], e4m3[p[6]], e4m3[p[7]]};
+        u16x8 b = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]};
+        uint16_t h[8];
+        b = (b & 0x80) << 8 | (b & 0x7f) << 7;
+        memcpy(h, &b, sizeof h);
+        return v8_load_f16(h) * v8_splat(256.0f);
     }
     case TMX_DTYPE_I8: {
         const int8_t *p = (const int8_t *)row + i;
@@ -105,13 +111,12 @@ static inline f32x8 cache_load(enum tmx_dtype dt, const void *row, int64_t i, co
 }
 
 /* The first n < 8 elements, zero padded. */
-static inline f32x8 cache_load_part(enum tmx_dtype dt, const void *row, int64_t i, int n,
-                                    const float *e4m3) {
+static inline f32x8 cache_load_part(enum tmx_dtype dt, const void *row, int64_t i, int n) {
     float t[8] = {0};
     for (int l = 0; l < n; l++) {
         switch (dt) {
         case TMX_DTYPE_BF16: t[l] = tmx_bf16_to_f32(((const uint16_t *)row)[i + l]); break;
-        case TMX_DTYPE_F8_E4M3: t[l] = e4m3[((const uint8_t *)row)[i + l]]; break;
+        case TMX_DTYPE_F8_E4M3: t[l] = tmx_e4m3_to_f32(((const uint8_t *)row)[i + l]); break;
         case TMX_DTYPE_I8: t[l] = ((const int8_t *)row)[i + l]; break;
         default: t[l] = ((const float *)row)[i + l]; break;
         }
@@ -120,26 +125,23 @@ static inline f32x8 cache_load_part(enum tmx_dtype dt, const void *row, int64_t 
 }
 
 /* q . row over hd elements, in cpu_dot's lane order. */
-static inline float cache_dot(enum tmx_dtype dt, const float *q, const void *row, int64_t hd,
-                              const float *e4m3) {
+static inline float cache_dot(enum tmx_dtype dt, const float *q, const void *row, int64_t hd) {
     f32x8 acc = v8_splat(0.0f);
     int64_t i = 0;
-    for (; i + 8 <= hd; i += 8) acc += v8_load(q + i) * cache_load(dt, row, i, e4m3);
+    for (; i + 8 <= hd; i += 8) acc += v8_load(q + i) * cache_load(dt, row, i);
     int rest = (int)(hd - i);
-    if (rest) acc += v8_load_part(q + i, rest) * cache_load_part(dt, row, i, rest, e4m3);
+    if (rest) acc += v8_load_part(q + i, rest) * cache_load_part(dt, row, i, rest);
     return v8_sum(acc);
 }
 
 /* acc[i] += w * row[i], i < hd; acc has room for hd rounded up to 8. */
 static inline void cache_axpy(enum tmx_dtype dt, float *acc, float w, const void *row,
-                              int64_t hd, const float *e4m3) {
+                              int64_t hd) {
     f32x8 wv = v8_splat(w);
     int64_t i = 0;
-    for (; i + 8 <= hd; i += 8)
-        v8_store(acc + i, v8_load(acc + i) + wv * cache_load(dt, row, i, e4m3));
+    for (; i + 8 <= hd; i += 8) v8_store(acc + i, v8_load(acc + i) + wv * cache_load(dt, row, i));
     if (i < hd)
-        v8_store(acc + i,
-                 v8_load(acc + i) + wv * cache_load_part(dt, row, i, (int)(hd - i), e4m3));
+        v8_store(acc + i, v8_load(acc + i) + wv * cache_load_part(dt, row, i, (int)(hd - i)));
 }
 
 /* --- kv_store ------------------------------------------------------------------------------- */
@@ -147,12 +149,12 @@ static inline void cache_axpy(enum tmx_dtype dt, float *acc, float w, const void
 /* Below this many floats a store runs inline: a decode step's row is not worth a wake-up. */
 #define STORE_GRAIN (1 << 15)
 
-/* tmx_f32_to_e4m3 without branches, so that store_row's loop vectorizes; it returns the same
- * code for every float (compared over all 2^32 when written). Below 2^-6 E4M3 is subnormal, in
- * steps of 2^-9: adding 2^14, whose ulp is 2^-9, rounds |f| to that step (to nearest even, by
- * the FPU) and leaves the step count in the low mantissa bits. Above, the mantissa is rounded
- * to 3 bits in the integer domain, and the float exponent rebiased from 127 to 7; codes past
- * 0x7e (448) saturate, NaN stays NaN. */
+/* tmx_f32_to_e4m3 without data-dependent branches, which cost store_row more than the
+ * arithmetic; it returns the same code for every float (compared over all 2^32 when written).
+ * Below 2^-6 E4M3 is subnormal, in steps of 2^-9: adding 2^14, whose ulp is 2^-9, rounds |f| to
+ * that step (to nearest even, by the FPU) and leaves the step count in the low mantissa bits.
+ * Above, the mantissa is rounded to 3 bits in the integer domain and the float exponent
+ * rebiased from 127 to 7; codes past 0x7e (448) saturate, NaN stays NaN. */
 static inline uint8_t e4m3_from(float f) {
     uint32_t u, sub;
     memcpy(&u, &f, sizeof u);
@@ -258,7 +260,6 @@ struct attention_job {
     const struct tmx_kv_cache *kv;
     const int32_t *tables; /* [n_seqs][max_blocks] */
     const int32_t *seq, *pos;
-    const float *e4m3; /* the context's F8 decoding table */
     int64_t max_blocks, hq, window;
     float scale;
 };
@@ -291,7 +292,7 @@ static inline __attribute__((always_inline)) void attend(enum tmx_dtype dt,
         for (int64_t b = 0; b < nb; b++) {
             rows[b] = ((int64_t)table[blk] * bs + r) * hkv + head;
             if (++r == bs) r = 0, blk++;
-            float dot = cache_dot(dt, q, (const char *)kv->k + rows[b] * row_bytes, hd, j->e4m3);
+            float dot = cache_dot(dt, q, (const char *)kv->k + rows[b] * row_bytes, hd);
             s[b] = (quantized ? dot * kv->k_scale[rows[b]] : dot) * j->scale;
             bm = s[b] > bm ? s[b] : bm;
         }
@@ -305,7 +306,7 @@ static inline __attribute__((always_inline)) void attend(enum tmx_dtype dt,
             float e = expf(s[b] - m);
             l += e;
             cache_axpy(dt, acc, quantized ? e * kv->v_scale[rows[b]] : e,
-                       (const char *)kv->v + rows[b] * row_bytes, hd, j->e4m3);
+                       (const char *)kv->v + rows[b] * row_bytes, hd);
         }
     }
     float *out = j->out + task * hd;
@@ -359,7 +360,6 @@ void cpu_attention(void *ctx, float *out, const float *q, const struct tmx_kv_ca
         return;
     }
     if (!check_tables(c, kv, tables, max_blocks, seq, pos, n, window)) return;
-    struct attention_job j = {out, q, kv, tables, seq, pos, c->e4m3, max_blocks, hq, window,
-                              scale};
+    struct attention_job j = {out, q, kv, tables, seq, pos, max_blocks, hq, window, scale};
     cpu_pool_run(c->pool, (int64_t)n * hq, attention_task, &j);
 }

@@ -30,7 +30,6 @@ struct cpu_ctx {
     enum tmx_status status; /* first failure since the last sync */
     void *scratch;          /* grown on demand; one op at a time uses it */
     size_t scratch_size;
-    float e4m3[256];        /* F8_E4M3 code -> F32, for KV caches */
 };
 
 /* Records a failure (the first one since the last sync wins) and logs its message. */

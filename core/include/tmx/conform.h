@@ -9,6 +9,15 @@
  * the normalized max error max|got - ref| / max|ref|, which must not exceed the op's tolerance;
  * integer outputs (router ids) must match exactly.
  *
+ * KV cache cases run on paged caches of every cache dtype (F32, BF16, F8_E4M3, I8) with block
+ * sizes 1, 5 and 16: several sequences per call with their tokens interleaved, block ids
+ * shuffled, tables holding -1 for blocks outside every window (attention must not read them)
+ * and slots of -1 (kv_store must skip them). kv_store's outputs are the whole cache and must
+ * follow tmx/kernels.h's rounding bit for bit, scales included (tolerance 0; the row is divided
+ * by its scale in F32, not multiplied by a reciprocal); codes are compared as values, so an F8
+ * -0 matches +0. attention's reference dequantizes the cache's bytes, so its tolerance is the
+ * same for every dtype.
+ *
  * To check a kernel set: tmx_conform_run(). To time an op or compare two sets, use the parts in
  * order: tmx_conform_case_new (inputs made and uploaded, reference computed), tmx_conform_case_run
  * (the op once, no sync; repeat it to time), tmx_conform_case_check (sync, read back, compare;
@@ -54,7 +63,8 @@ void tmx_conform_case_run(struct tmx_conform_case *c);
 enum tmx_status tmx_conform_case_check(struct tmx_conform_case *c, struct tmx_conform_result *res,
                                        char **err);
 /* The outputs as read by the last check, concatenated in the op's argument order (e.g. ids then
- * weights for moe_route); NULL before any check. Owned by the case. */
+ * weights for moe_route; kv_store: k, v, then k_scale, v_scale for F8 and I8), each padded to
+ * a multiple of 4 bytes; NULL before any check. Owned by the case. */
 const void *tmx_conform_case_output(const struct tmx_conform_case *c, size_t *nbytes);
 /* Safe with NULL. */
 void tmx_conform_case_free(struct tmx_conform_case *c);
