@@ -163,6 +163,8 @@ struct lp_rec {
 struct delta {
     const char *text; /* new content, valid UTF-8 */
     size_t n;
+    const char *reasoning; /* new reasoning (harmony's analysis channel), valid UTF-8 */
+    size_t n_reasoning;
     const struct lp_rec *lps; /* [n_lps] logprobs of the tokens behind it */
     int n_lps;
     const json_t *tool_calls; /* array of {"name", "arguments"}, or NULL */
@@ -175,6 +177,8 @@ struct job_format {
     const char *chunk_object; /* what stream chunks say they are */
     const char *id_prefix;    /* "chatcmpl-", "cmpl-" */
     const char *prompt_param; /* what a too-long prompt error names: "messages", "prompt" */
+    int channels;             /* harmony output is read into content, reasoning and calls (chat);
+                                 0: returned as written (completions) */
     /* The choice object of a stream's first chunk for choice `index`; NULL: none. */
     json_t *(*opening)(const struct job *j, int index);
     /* A choice object: of one stream chunk, or (whole) of the complete response. */

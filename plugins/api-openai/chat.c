@@ -5,7 +5,9 @@
  * which every template understands. Media parts are refused (400 naming the part) until a media
  * plugin can turn them into embeddings. Tool calls are parsed out of the output when the model's
  * tokenizer shows a format this server reads (text.h); tool_choice "required" or a named function
- * would need constrained sampling and is refused rather than ignored. */
+ * would need constrained sampling and is refused rather than ignored. A harmony model's (gpt-oss)
+ * output is read into content, reasoning and calls whether or not tools are given, and its
+ * reasoning goes out as both `reasoning_content` and `reasoning`: clients read one or the other. */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -144,8 +146,8 @@ static enum tmx_status check_tools(const struct api *a, const json_t *body, int 
         return TMX_OK;
     if (a->tools == TOOL_FORMAT_NONE)
         return api_failf(f, 400, "tools", "tools are not supported for this model: its tokenizer "
-                         "shows no tool-call format the server can parse (Hermes <tool_call> or "
-                         "Llama 3 <|python_tag|>)");
+                         "shows no tool-call format the server can parse (Hermes <tool_call>, "
+                         "Llama 3 <|python_tag|> or harmony)");
     int parallel = 1;
     json_t *par = body_get(body, "parallel_tool_calls");
     if (par && !json_is_boolean(par))
@@ -293,6 +295,10 @@ static json_t *chat_choice(const struct job *j, int index, const struct delta *d
         json_object_set_new(body, "content", json_stringn(d->text ? d->text : "", d->n));
     else if (whole)
         json_object_set_new(body, "content", json_null());
+    if (d->n_reasoning) {
+        json_object_set_new(body, "reasoning_content", json_stringn(d->reasoning, d->n_reasoning));
+        json_object_set_new(body, "reasoning", json_stringn(d->reasoning, d->n_reasoning));
+    }
     if (d->tool_calls)
         json_object_set_new(body, "tool_calls", tool_calls_json(j, d->tool_calls, !whole));
     return json_pack("{s:i,s:o,s:o,s:s?}", "index", index, whole ? "message" : "delta", body,
@@ -304,9 +310,27 @@ static const struct job_format chat_format = {
     .chunk_object = "chat.completion.chunk",
     .id_prefix = "chatcmpl-",
     .prompt_param = "messages",
+    .channels = 1,
     .opening = chat_opening,
     .choice = chat_choice,
 };
+
+/* Harmony ends a turn with <|return|> and a tool call with <|call|>, but gpt-oss's config.json
+ * names only <|return|> as its end of sequence (generation_config.json, which the core does not
+ * read, names both): without this a model would run on past its call. */
+static enum tmx_status add_harmony_stops(const struct api *a, struct gen_params *p,
+                                         struct api_fail *f) {
+    static const char *const ends[] = {"<|return|>", "<|call|>"};
+    const int n = p->req.n_stop_ids;
+    int32_t *ids = realloc((void *)p->req.stop_ids, (size_t)(n + 2) * sizeof *ids);
+    if (!ids) return api_failf(f, 500, NULL, "out of memory");
+    p->req.stop_ids = ids;
+    for (int i = 0; i < 2; i++) {
+        const int32_t id = a->si->find_token(a->si->serve, ends[i]);
+        if (id >= 0) ids[p->req.n_stop_ids++] = id;
+    }
+    return TMX_OK;
+}
 
 void chat_handle(struct conn *c, const char *body, size_t len) {
     struct api *a = conn_api(c);
@@ -317,6 +341,7 @@ void chat_handle(struct conn *c, const char *body, size_t len) {
     int n_ids = 0, tool_calls = 0;
     enum tmx_status st = body_parse(body, len, &req, &f);
     if (st == TMX_OK) st = params_parse(a, req, ENDPOINT_CHAT, &p, &f);
+    if (st == TMX_OK && a->tools == TOOL_FORMAT_HARMONY) st = add_harmony_stops(a, &p, &f);
     if (st == TMX_OK) st = chat_prompt(a, req, &ids, &n_ids, &tool_calls, &f);
     json_decref(req);
     int32_t **prompts = st == TMX_OK ? malloc(sizeof *prompts) : NULL;

@@ -5,8 +5,10 @@
  * on the loop thread (gen_drain). Each choice turns token bytes into text through a UTF-8 repair,
  * so no chunk splits a character; searches its text for stop strings, cutting the text there and
  * cancelling the request; and, while streaming, holds back the tail that could still become a
- * stop string or a tool call. The job answers once every choice has ended, and stays alive,
- * detached from its connection, until the scheduler has sent the last event of each request. */
+ * stop string or a tool call. A chat output in harmony messages (gpt-oss) is read as it grows
+ * into content, reasoning and calls instead (harmony.c). The job answers once every choice has
+ * ended, and stays alive, detached from its connection, until the scheduler has sent the last
+ * event of each request. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -39,6 +41,8 @@ struct choice {
     size_t scanned;       /* stop strings cannot start before this */
     size_t sent;          /* text[0..sent) is streamed */
     size_t tool_at;       /* where tool calls begin; SIZE_MAX: not (yet) */
+    struct harmony hm;    /* job->harmony: the text read into content, reasoning and calls */
+    size_t reasoning_sent; /* hm.reasoning[0..reasoning_sent) is streamed */
     struct lp_rec *lps;   /* [n_lps] */
     int n_lps, cap_lps, lps_sent;
     struct event last;    /* the final event's storage: it must never fail to allocate */
@@ -54,6 +58,7 @@ struct job {
     int n_prompts;
     char **echo;          /* [n_prompts] or NULL */
     int tool_calls;       /* calls kept per choice; 0: the output is not parsed for them */
+    int harmony;          /* the output is harmony messages, read through choice.hm */
     char id[48];
     long long created;
     struct choice *choices; /* [n_choices] */
@@ -192,6 +197,35 @@ static size_t choice_result(struct job *j, struct choice *ch, json_t **calls) {
     return *calls ? ch->tool_at : ch->text.n;
 }
 
+/* Reads a harmony output as far as it is settled: not into a tail that may still turn into a
+ * stop string, which would cut it. */
+static void choice_read_harmony(struct job *j, struct choice *ch) {
+    size_t n = ch->text.n;
+    if (!ch->ended) n -= text_partial_suffix(ch->text.p, ch->text.n, j->p.stop, j->p.n_stop);
+    harmony_read(&ch->hm, ch->text.p ? ch->text.p : "", n, ch->ended);
+}
+
+/* What a choice can say so far, or in all once it has ended. */
+struct said {
+    const char *content, *reasoning;
+    size_t n_content, n_reasoning;
+    size_t raw;    /* the output bytes behind it (logprobs go up to there) */
+    json_t *calls; /* once ended: its tool calls (new reference), or NULL */
+};
+
+static struct said choice_said(struct job *j, struct choice *ch) {
+    if (!j->harmony) {
+        json_t *calls = NULL;
+        const size_t end = ch->ended ? choice_result(j, ch, &calls) : choice_sendable(j, ch);
+        return (struct said){.content = ch->text.p, .n_content = end, .raw = end, .calls = calls};
+    }
+    const struct harmony *h = &ch->hm;
+    struct said s = {.content = h->content.p, .n_content = h->content.n,
+                     .reasoning = h->reasoning.p, .n_reasoning = h->reasoning.n, .raw = h->pos};
+    if (ch->ended && h->calls && json_array_size(h->calls) > 0) s.calls = json_incref(h->calls);
+    return s;
+}
+
 /* The logprob records behind text[0..end) not yet sent. */
 static int lps_upto(const struct choice *ch, size_t end) {
     int k = ch->lps_sent;
@@ -239,40 +273,48 @@ static struct conn *job_release(struct job *j) {
 
 /* Streams what choice ch may send now, and its end once it has ended. */
 static void stream_choice(struct job *j, struct choice *ch) {
-    json_t *calls = NULL;
-    const size_t end = ch->ended ? choice_result(j, ch, &calls) : choice_sendable(j, ch);
-    const int lp_end = lps_upto(ch, end);
-    if (end > ch->sent) {
-        const struct delta d = {.text = ch->text.p + ch->sent, .n = end - ch->sent,
-                                .lps = ch->lps ? ch->lps + ch->lps_sent : NULL,
-                                .n_lps = lp_end - ch->lps_sent};
+    const struct said s = choice_said(j, ch);
+    const int lp_end = lps_upto(ch, s.raw);
+    if (s.n_content > ch->sent || s.n_reasoning > ch->reasoning_sent) {
+        struct delta d = {.lps = ch->lps ? ch->lps + ch->lps_sent : NULL,
+                          .n_lps = lp_end - ch->lps_sent};
+        if (s.n_content > ch->sent) {
+            d.text = s.content + ch->sent;
+            d.n = s.n_content - ch->sent;
+        }
+        if (s.n_reasoning > ch->reasoning_sent) {
+            d.reasoning = s.reasoning + ch->reasoning_sent;
+            d.n_reasoning = s.n_reasoning - ch->reasoning_sent;
+        }
         stream_choice_json(j, j->fmt->choice(j, ch->index, &d, 0));
-        ch->sent = end;
+        ch->sent = s.n_content;
+        ch->reasoning_sent = s.n_reasoning;
         ch->lps_sent = lp_end;
     }
     if (ch->ended && !ch->final_sent && j->conn) {
         ch->final_sent = 1;
-        if (calls) {
-            const struct delta d = {.tool_calls = calls};
+        if (s.calls) {
+            const struct delta d = {.tool_calls = s.calls};
             stream_choice_json(j, j->fmt->choice(j, ch->index, &d, 0));
         }
-        const struct delta d = {.finish = calls ? "tool_calls" : ch->finish};
+        const struct delta d = {.finish = s.calls ? "tool_calls" : ch->finish};
         stream_choice_json(j, j->fmt->choice(j, ch->index, &d, 0));
     }
-    json_decref(calls);
+    json_decref(s.calls);
 }
 
 static void respond_whole(struct job *j) {
     json_t *choices = json_array();
     for (int i = 0; i < j->n_choices; i++) {
         struct choice *ch = &j->choices[i];
-        json_t *calls;
-        const size_t end = choice_result(j, ch, &calls);
-        const struct delta d = {.text = ch->text.p ? ch->text.p : "", .n = end, .lps = ch->lps,
-                                .n_lps = lps_upto(ch, end), .tool_calls = calls,
-                                .finish = calls ? "tool_calls" : ch->finish};
+        const struct said s = choice_said(j, ch);
+        const struct delta d = {.text = s.content ? s.content : "", .n = s.n_content,
+                                .reasoning = s.reasoning, .n_reasoning = s.n_reasoning,
+                                .lps = ch->lps, .n_lps = lps_upto(ch, s.raw),
+                                .tool_calls = s.calls,
+                                .finish = s.calls ? "tool_calls" : ch->finish};
         json_array_append_new(choices, j->fmt->choice(j, i, &d, 1));
-        json_decref(calls);
+        json_decref(s.calls);
     }
     json_t *body = response_json(j, j->fmt->object, choices);
     if (body) json_object_set_new(body, "usage", usage_json(j));
@@ -338,7 +380,8 @@ static void choice_event(struct choice *ch, struct event *e) {
     choice_check_stop(j, ch);
     if (!ch->ended && e->finish == TMX_FINISH_STOP) choice_end(ch, "stop");
     else if (!ch->ended && e->finish == TMX_FINISH_LENGTH) choice_end(ch, "length");
-    if (ch->text.oom) {
+    if (j->harmony) choice_read_harmony(j, ch);
+    if (ch->text.oom || ch->hm.oom) {
         job_fail(j, 500, "out of memory");
     } else if (!ch->ended && e->finish == TMX_FINISH_ERROR) {
         j->api->host->log(TMX_LOG_ERROR, "api.openai: %s: %s", j->id,
@@ -378,6 +421,7 @@ static void job_free(struct job *j) {
     }
     for (int i = 0; j->choices && i < j->n_choices; i++) {
         buf_free(&j->choices[i].text);
+        harmony_fini(&j->choices[i].hm);
         free(j->choices[i].lps);
     }
     free(j->choices);
@@ -427,6 +471,7 @@ struct job *job_new(struct conn *c, const struct job_format *fmt, struct gen_par
     j->n_prompts = n_prompts;
     j->echo = echo;
     j->tool_calls = tool_calls;
+    j->harmony = fmt->channels && a->tools == TOOL_FORMAT_HARMONY;
     j->n_choices = n_choices;
     j->created = (long long)time(NULL);
     snprintf(j->id, sizeof j->id, "%s%016llx%08llx", fmt->id_prefix,
@@ -438,6 +483,7 @@ struct job *job_new(struct conn *c, const struct job_format *fmt, struct gen_par
     for (int i = 0; i < n_choices; i++) {
         j->choices[i] = (struct choice){.job = j, .index = i, .prompt = i / j->p.n,
                                         .tool_at = SIZE_MAX};
+        harmony_init(&j->choices[i].hm, tool_calls);
     }
     a->n_jobs++;
     return j;

@@ -55,6 +55,9 @@ static void on_wake(uv_async_t *h) {
 
 /* Which tool-call format the model writes, told by its tokenizer's special tokens. */
 static enum tool_format tool_format_of(const struct tmx_serve_i *si) {
+    if (si->find_token(si->serve, "<|channel|>") >= 0 &&
+        si->find_token(si->serve, "<|message|>") >= 0)
+        return TOOL_FORMAT_HARMONY;
     if (si->find_token(si->serve, "<tool_call>") >= 0 &&
         si->find_token(si->serve, "</tool_call>") >= 0)
         return TOOL_FORMAT_HERMES;

@@ -1,6 +1,6 @@
 /* text.h: the text side of the openai front end, free of sockets and of the engine, so that unit
- * tests link it alone: growable byte buffers, a streaming UTF-8 repair, stop strings, and the
- * tool-call formats that models write. */
+ * tests link it alone: growable byte buffers, a streaming UTF-8 repair, stop strings, the
+ * tool-call formats that models write, and gpt-oss's harmony messages. */
 #ifndef TMX_API_OPENAI_TEXT_H
 #define TMX_API_OPENAI_TEXT_H
 
@@ -50,6 +50,8 @@ enum tool_format {
     TOOL_FORMAT_HERMES, /* Qwen 2.5/3, Hermes: <tool_call>{"name", "arguments"}</tool_call> */
     TOOL_FORMAT_LLAMA3, /* Llama 3.1/3.2: a bare {"name", "parameters"} message, or after
                            <|python_tag|>; several calls separated by ';' */
+    TOOL_FORMAT_HARMONY, /* gpt-oss: the whole output is harmony messages, calls among them;
+                            read by struct harmony below, not by the two functions after */
 };
 
 /* The strings that open a tool call in `format`'s output ({0}-terminated lists). For Llama 3 a
@@ -65,5 +67,32 @@ size_t tool_starts_at(enum tool_format format, const char *text, size_t n, size_
  * {"name": string, "arguments": string holding a JSON object}. NULL when the text is not a
  * well-formed sequence of calls (the caller then returns it as plain content). */
 json_t *tool_calls_parse(enum tool_format format, const char *text, size_t n);
+
+/* --- harmony (harmony.c) ----------------------------------------------------------------------
+ * gpt-oss writes channels: `<|channel|>analysis<|message|>...<|end|>` is reasoning,
+ * `<|start|>assistant<|channel|>final<|message|>...` content, and a message addressed
+ * `to=functions.NAME` a tool call. The parser reads a chat output as it grows, sorting it into
+ * content, reasoning and calls; the control tokens never reach content, except in text that
+ * claimed to be a header and was not one (kept as the model wrote it). */
+enum harmony_state { HARMONY_FIRST = 0, HARMONY_HEAD, HARMONY_BODY, HARMONY_BETWEEN, HARMONY_DONE };
+enum harmony_dest { HARMONY_CONTENT, HARMONY_REASONING, HARMONY_CALL, HARMONY_DROP };
+
+struct harmony {
+    enum harmony_state state;
+    enum harmony_dest dest; /* where the current message's body goes */
+    int max_calls;          /* calls kept; later ones are dropped (0: the request has no tools) */
+    int oom;                /* an allocation failed: the results are incomplete */
+    size_t pos;             /* bytes of the output read */
+    struct buf head;        /* the current message's header, until its <|message|> */
+    struct buf name, args;  /* the current call's function name and arguments */
+    struct buf content, reasoning; /* what the client sees */
+    json_t *calls;          /* [{"name", "arguments": JSON text}]; NULL until the first */
+};
+
+void harmony_init(struct harmony *h, int max_calls);
+void harmony_fini(struct harmony *h);
+/* Reads text[pos..n) (text[0..n) is the output so far, text[0..pos) read before), all but a
+ * tail that may still become a control token; `end`: the output is complete, read it all. */
+void harmony_read(struct harmony *h, const char *text, size_t n, int end);
 
 #endif

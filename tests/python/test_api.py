@@ -130,6 +130,36 @@ def hermes(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def harmony(tmp_path_factory):
+    """muse-tiny as a gpt-oss stand-in: the real harmony chat template, and three unused special
+    tokens renamed to harmony's <|channel|>, <|message|> and <|call|> (<|start|> and <|end|>
+    it has), which is what tells the server that the model writes harmony."""
+    template = os.path.join(ROOT, "..", "shared", "data", "templates",
+                            "openai-gpt-oss-120b.jinja")
+    if not os.path.exists(template):
+        pytest.skip(f"{template} is absent")
+    model = make_model(tmp_path_factory, "api-harmony")
+    path = os.path.join(model, "tokenizer.json")
+    with open(path) as f:
+        tok = json.load(f)
+    names = {"<|image|>": "<|channel|>", "<|video|>": "<|message|>", "<|audio|>": "<|call|>"}
+    for t in tok["added_tokens"]:
+        t["content"] = names.get(t["content"], t["content"])
+    with open(path, "w") as f:
+        json.dump(tok, f)
+    path = os.path.join(model, "tokenizer_config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    with open(template) as f:
+        cfg["chat_template"] = f.read()
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    server = Server(model)
+    yield server
+    server.stop()
+
+
 def raw(server, method, path, body=None, headers=None):
     """(status, headers, body bytes) of one request on a fresh connection."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
@@ -315,6 +345,79 @@ def test_tool_markup_held_back(hermes):
     kw.pop("tools")
     chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw)]
     assert [c.delta.content for c in chunks if c.delta.content] == ["<tool_call>"] * 4
+
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather at a place.",
+    "parameters": {"type": "object", "properties": {"location": {"type": "string"}},
+                   "required": ["location"]}}}]
+
+
+def token_id(server, text):
+    ids = json.loads(raw(server, "POST", "/tokenize", json.dumps(
+        {"prompt": text, "add_special_tokens": False}))[2])["tokens"]
+    assert len(ids) == 1, (text, ids)
+    return ids[0]
+
+
+def test_harmony_prompt_with_tools(harmony):
+    """Tools are accepted for a harmony model and rendered by its template, as are earlier
+    calls and their results (arguments sent as a JSON string come back as an object)."""
+    messages = MESSAGES + [
+        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"location": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    status, _, body = raw(harmony, "POST", "/tokenize", json.dumps(
+        {"messages": messages, "tools": WEATHER}))
+    assert status == 200, body
+    ids = json.loads(body)["tokens"]
+    text = json.loads(raw(harmony, "POST", "/detokenize", json.dumps({"tokens": ids}))[2])["prompt"]
+    assert "<|start|>developer<|message|># Instructions\n\nYou are terse." in text
+    assert "namespace functions {" in text and "type get_weather = (_: {" in text
+    assert ("<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+            '{"location": "Paris"}<|call|>') in text
+    assert text.endswith("<|start|>assistant")
+    assert token_id(harmony, "<|channel|>") in ids and token_id(harmony, "<|message|>") in ids
+
+
+def test_harmony_call_ends_generation(harmony):
+    """<|call|> ends a harmony choice even where the model's config does not list it."""
+    call = token_id(harmony, "<|call|>")
+    kw = dict(model="m", messages=MESSAGES, max_tokens=8, tools=WEATHER,
+              logit_bias={str(call): 100}, **GREEDY)
+    r = harmony.client().chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 1
+    assert r.choices[0].message.content == "" and not r.choices[0].message.tool_calls
+
+
+def test_harmony_control_tokens_never_leak(harmony):
+    """A model that writes only <|message|>: a message with no header, then control tokens that
+    mean nothing there. No control token reaches content, streamed or whole."""
+    kw = dict(model="m", messages=MESSAGES, max_tokens=4,
+              logit_bias={str(token_id(harmony, "<|message|>")): 100}, **GREEDY)
+    client = harmony.client()
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert whole.message.content == "" and whole.finish_reason == "length"
+    chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw)]
+    assert not [c.delta.content for c in chunks if c.delta.content]
+    assert chunks[-1].finish_reason == "length"
+    # completions return the output as written
+    text = client.completions.create(model="m", prompt="Hi", max_tokens=2,
+                                     logit_bias=kw["logit_bias"], **GREEDY).choices[0].text
+    assert text == "<|message|>" * 2
+
+
+def test_harmony_malformed_header_held_back(harmony):
+    """<|channel|> over and over is a header that never gets its <|message|>: a stream holds it
+    back whole, and at the end it is content as the model wrote it."""
+    kw = dict(model="m", messages=MESSAGES, max_tokens=4, tools=WEATHER,
+              logit_bias={str(token_id(harmony, "<|channel|>")): 100}, **GREEDY)
+    client = harmony.client()
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert whole.message.content == "<|channel|>" * 4 and not whole.message.tool_calls
+    assert whole.finish_reason == "length"
+    chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw)]
+    assert [c.delta.content for c in chunks if c.delta.content] == ["<|channel|>" * 4]
 
 
 # --- completions ------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 /* test_api_openai.c: the text side of the openai front end (plugins/api-openai/text.h): the
- * streaming UTF-8 repair, stop-string search and hold-back, and the tool-call formats. */
+ * streaming UTF-8 repair, stop-string search and hold-back, the tool-call formats, and the
+ * harmony reader, fed whole and in every split a stream can bring. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -149,6 +152,174 @@ static void test_buf(void **state) {
     buf_free(&b);
 }
 
+/* --- harmony ---------------------------------------------------------------------------------- */
+
+/* What a harmony reader made of its output: calls as sorted compact JSON ("" when none). */
+struct hm_out {
+    char content[512], reasoning[512], calls[512];
+};
+
+static void hm_collect(const struct harmony *h, struct hm_out *o) {
+    snprintf(o->content, sizeof o->content, "%.*s", (int)h->content.n,
+             h->content.p ? h->content.p : "");
+    snprintf(o->reasoning, sizeof o->reasoning, "%.*s", (int)h->reasoning.n,
+             h->reasoning.p ? h->reasoning.p : "");
+    char *calls = h->calls ? json_dumps(h->calls, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    snprintf(o->calls, sizeof o->calls, "%s", calls ? calls : "");
+    free(calls);
+}
+
+static void hm_expect(const struct harmony *h, const char *content, const char *reasoning,
+                      const char *calls) {
+    struct hm_out o;
+    hm_collect(h, &o);
+    assert_false(h->oom);
+    assert_string_equal(o.content, content);
+    assert_string_equal(o.reasoning, reasoning);
+    assert_string_equal(o.calls, calls);
+}
+
+/* While the output is still growing, what was read is a prefix of what the whole output gives:
+ * a stream never sends text it must take back, a partial control token included. */
+static void hm_expect_prefix(const struct harmony *h, const char *content, const char *reasoning) {
+    struct hm_out o;
+    hm_collect(h, &o);
+    assert_true(strncmp(o.content, content, strlen(o.content)) == 0);
+    assert_true(strncmp(o.reasoning, reasoning, strlen(o.reasoning)) == 0);
+}
+
+/* Reads `out` whole, then split in two at every position, then one byte at a time. */
+static void hm_check(const char *out, int max_calls, const char *content, const char *reasoning,
+                     const char *calls) {
+    const size_t n = strlen(out);
+    struct harmony h;
+    harmony_init(&h, max_calls);
+    harmony_read(&h, out, n, 1);
+    hm_expect(&h, content, reasoning, calls);
+    harmony_read(&h, out, n, 1); /* reading an ended output again changes nothing */
+    hm_expect(&h, content, reasoning, calls);
+    harmony_fini(&h);
+    for (size_t k = 0; k <= n; k++) {
+        harmony_init(&h, max_calls);
+        harmony_read(&h, out, k, 0);
+        hm_expect_prefix(&h, content, reasoning);
+        harmony_read(&h, out, n, 1);
+        hm_expect(&h, content, reasoning, calls);
+        harmony_fini(&h);
+    }
+    harmony_init(&h, max_calls);
+    for (size_t k = 0; k <= n; k++) {
+        harmony_read(&h, out, k, 0);
+        hm_expect_prefix(&h, content, reasoning);
+    }
+    harmony_read(&h, out, n, 1);
+    hm_expect(&h, content, reasoning, calls);
+    harmony_fini(&h);
+}
+
+#define MANY 1000000
+
+static void test_harmony_channels(void **state) {
+    (void)state;
+    /* <|return|> is a stop token, so the output usually lacks it: read with and without it */
+    const char *both = "<|channel|>analysis<|message|>User says hi. Greet back.<|end|>"
+                       "<|start|>assistant<|channel|>final<|message|>Hello! \xC3\xA9t\xC3\xA9";
+    hm_check(both, MANY, "Hello! \xC3\xA9t\xC3\xA9", "User says hi. Greet back.", "");
+    const char *ret = "<|channel|>analysis<|message|>2+2=4<|end|><|start|>assistant"
+                      "<|channel|>final<|message|>4<|return|>";
+    hm_check(ret, MANY, "4", "2+2=4", "");
+    hm_check("<|channel|>final<|message|>Just the answer.", MANY, "Just the answer.", "", "");
+    /* text that only looks like a control token is content: "<|" alone, "<|x|>" */
+    hm_check("<|channel|>final<|message|>a <| b <|x|> c", MANY, "a <| b <|x|> c", "", "");
+    /* a model that skips the format: plain content */
+    hm_check("Hello there", MANY, "Hello there", "", "");
+    hm_check("to", MANY, "to", "", "");
+    /* two analysis messages go into one reasoning; a preamble on commentary is content */
+    const char *pre = "<|channel|>analysis<|message|>A.<|end|><|start|>assistant<|channel|>"
+                      "analysis<|message|>B.<|end|><|start|>assistant<|channel|>commentary"
+                      "<|message|>Checking.<|end|>";
+    hm_check(pre, MANY, "Checking.", "A.B.", "");
+}
+
+static void test_harmony_calls(void **state) {
+    (void)state;
+    const char *one = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant"
+                      "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                      "<|message|>{\"location\": \"Tokyo\", \"days\": 2}<|call|>";
+    hm_check(one, MANY, "", "Need weather.",
+             "[{\"arguments\":\"{\\\"location\\\":\\\"Tokyo\\\",\\\"days\\\":2}\","
+             "\"name\":\"get_weather\"}]");
+    /* the recipient before the channel, as the template renders calls, with a bare "json" */
+    const char *first = " to=functions.now<|channel|>commentary json<|message|>{}";
+    hm_check(first, MANY, "", "", "[{\"arguments\":\"{}\",\"name\":\"now\"}]");
+    const char *two = "<|channel|>analysis<|message|>Two lookups.<|end|>"
+                      "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>"
+                      "{\"a\": 1}<|call|>"
+                      "<|start|>assistant to=functions.g<|channel|>commentary json<|message|>"
+                      " {\"b\": [true]} <|call|>";
+    const char *fg = "[{\"arguments\":\"{\\\"a\\\":1}\",\"name\":\"f\"},"
+                     "{\"arguments\":\"{\\\"b\\\":[true]}\",\"name\":\"g\"}]";
+    hm_check(two, MANY, "", "Two lookups.", fg);
+    /* parallel_tool_calls false keeps the first; no tools offered keeps none */
+    hm_check(two, 1, "", "Two lookups.", "[{\"arguments\":\"{\\\"a\\\":1}\",\"name\":\"f\"}]");
+    hm_check(two, 0, "", "Two lookups.", "");
+    /* arguments that are not a JSON object go out as written; none at all are {} */
+    hm_check("<|channel|>commentary to=functions.f<|message|> not json ", MANY, "", "",
+             "[{\"arguments\":\"not json\",\"name\":\"f\"}]");
+    hm_check("<|channel|>commentary to=functions.f<|message|><|call|>", MANY, "", "",
+             "[{\"arguments\":\"{}\",\"name\":\"f\"}]");
+    /* a built-in tool (not functions.*) is the model's own working: reasoning, not a call */
+    hm_check("<|channel|>analysis to=browser.search code<|message|>{\"q\": 1}<|call|>", MANY,
+             "", "{\"q\": 1}", "");
+}
+
+static void test_harmony_partial_tokens(void **state) {
+    (void)state;
+    const char *out = "<|channel|>analysis<|message|>Hm<|end|><|start|>assistant<|channel|>final"
+                      "<|message|>Hi<|end|>";
+    struct harmony h;
+    harmony_init(&h, MANY);
+    const char *cut = strstr(out, "<|end|>") + 3; /* "Hm<|e" */
+    harmony_read(&h, out, (size_t)(cut - out), 0);
+    hm_expect(&h, "", "Hm", ""); /* "<|e" waits for the next token */
+    harmony_read(&h, out, (size_t)(cut - out) + 4, 0);
+    hm_expect(&h, "", "Hm", "");
+    cut = strstr(out, "final") + 7; /* the header is held until its <|message|> */
+    harmony_read(&h, out, (size_t)(cut - out), 0);
+    hm_expect(&h, "", "Hm", "");
+    harmony_read(&h, out, strlen(out) - 1, 0);
+    hm_expect(&h, "Hi", "Hm", "");
+    harmony_read(&h, out, strlen(out), 1);
+    hm_expect(&h, "Hi", "Hm", "");
+    harmony_fini(&h);
+    /* a stream that ends on a partial token keeps it as text */
+    hm_check("<|channel|>final<|message|>Hi<|e", MANY, "Hi<|e", "", "");
+}
+
+static void test_harmony_malformed(void **state) {
+    (void)state;
+    /* a header without <|message|> is content as written, up to the token that cut it */
+    hm_check("<|channel|>final Hello<|end|>", MANY, "<|channel|>final Hello", "", "");
+    hm_check("<|channel|>final Hello", MANY, "<|channel|>final Hello", "", "");
+    hm_check("<|channel|>analysis<|message|>ok<|end|><|start|>assistant<|channel|>final Hi",
+             MANY, "<|start|>assistant<|channel|>final Hi", "ok", "");
+    /* control tokens where they mean nothing are dropped */
+    hm_check("<|end|><|message|>x<|constrain|>y<|call|>", MANY, "xy", "", "");
+    /* a call cut short by the token budget still is the call the model began */
+    hm_check("<|channel|>commentary to=functions.f<|message|>{\"a\":", MANY, "", "",
+             "[{\"arguments\":\"{\\\"a\\\":\",\"name\":\"f\"}]");
+    /* "header" text longer than any header is content, and is not held back for ever */
+    char big[400] = "<|channel|>";
+    memset(big + strlen(big), 'x', 300);
+    big[311] = 0;
+    struct harmony h;
+    harmony_init(&h, MANY);
+    harmony_read(&h, big, strlen(big), 0);
+    assert_int_equal(h.content.n, strlen(big));
+    harmony_fini(&h);
+    hm_check(big, MANY, big, "", "");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_utf8_split_sequences),
@@ -158,6 +329,10 @@ int main(void) {
         cmocka_unit_test(test_hermes_calls),
         cmocka_unit_test(test_llama3_calls),
         cmocka_unit_test(test_buf),
+        cmocka_unit_test(test_harmony_channels),
+        cmocka_unit_test(test_harmony_calls),
+        cmocka_unit_test(test_harmony_partial_tokens),
+        cmocka_unit_test(test_harmony_malformed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
