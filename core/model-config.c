@@ -127,26 +127,53 @@ static enum tmx_status parse_layers(json_t *root, struct tmx_model_config *c, co
     return TMX_OK;
 }
 
+/* Adds an end-of-sequence id once; false when the set is full. */
+static int add_eos(struct tmx_model_config *c, int id) {
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_token_ids[i] == id) return 1;
+    if (c->n_eos == TMX_MAX_EOS) return 0;
+    c->eos_token_ids[c->n_eos++] = id;
+    return 1;
+}
+
+/* "eos_token_id": an integer or a list, of config.json and then of generation_config.json
+ * (which often lists more, e.g. gpt-oss's <|call|>); the union is kept. */
 static enum tmx_status parse_eos(json_t *root, struct tmx_model_config *c, const char *path,
                                  char **err) {
     json_t *v = json_object_get(root, "eos_token_id");
     if (!v || json_is_null(v)) return TMX_OK;
-    if (json_is_integer(v)) {
-        c->eos_token_ids[c->n_eos++] = (int)json_integer_value(v);
-        return TMX_OK;
-    }
-    if (!json_is_array(v) || json_array_size(v) > TMX_MAX_EOS)
-        return tmx_err(err, TMX_ERR_INVALID,
-                       "%s: field \"eos_token_id\" must be an integer or a list of at most %d",
-                       path, TMX_MAX_EOS);
-    for (size_t i = 0; i < json_array_size(v); i++) {
-        json_t *e = json_array_get(v, i);
+    const int list = json_is_array(v);
+    const size_t n = list ? json_array_size(v) : 1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = list ? json_array_get(v, i) : v;
         if (!json_is_integer(e))
-            return tmx_err(err, TMX_ERR_INVALID, "%s: eos_token_id[%zu] must be an integer",
-                           path, i);
-        c->eos_token_ids[c->n_eos++] = (int)json_integer_value(e);
+            return tmx_err(err, TMX_ERR_INVALID, "%s: field \"eos_token_id\" must be an integer "
+                           "or a list of integers", path);
+        if (!add_eos(c, (int)json_integer_value(e)))
+            return tmx_err(err, TMX_ERR_INVALID, "%s: more than %d end-of-sequence ids", path,
+                           TMX_MAX_EOS);
     }
     return TMX_OK;
+}
+
+/* generation_config.json is optional; only its eos_token_id is read. */
+static enum tmx_status parse_generation_config(const char *dir, struct tmx_model_config *c,
+                                               char **err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return TMX_OK;
+    json_error_t jerr;
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
+    fclose(f);
+    if (!root)
+        return tmx_err(err, TMX_ERR_INVALID, "%s:%d:%d: %s", path, jerr.line, jerr.column,
+                       jerr.text);
+    enum tmx_status st = json_is_object(root)
+                             ? parse_eos(root, c, path, err)
+                             : tmx_err(err, TMX_ERR_INVALID, "%s: not a JSON object", path);
+    json_decref(root);
+    return st;
 }
 
 /* The checks that make the graph's shapes consistent, so the forward pass can trust them. */
@@ -261,5 +288,5 @@ enum tmx_status tmx_model_config_load(const char *dir, struct tmx_model_config *
                              ? parse(root, cfg, path, err)
                              : tmx_err(err, TMX_ERR_INVALID, "%s: not a JSON object", path);
     json_decref(root);
-    return st;
+    return st == TMX_OK ? parse_generation_config(dir, cfg, err) : st;
 }

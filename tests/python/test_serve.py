@@ -67,14 +67,14 @@ class Server:
                 self.done[e.id].set()
 
     def submit(self, prompt, max_tokens, temperature=0.0, seed=0, top_logprobs=-1,
-               stop_ids=(), **penalties):
+               stop_ids=(), ignore_eos=1, **penalties):
         arr = (C.c_int32 * len(prompt))(*prompt)
         stops = (C.c_int32 * max(1, len(stop_ids)))(*stop_ids)
         p = RequestParams(prompt=arr, n_prompt=len(prompt), max_tokens=max_tokens,
                           sampling=SamplerParams(temperature, 0, 1.0, 0.0, seed),
                           repetition_penalty=penalties.get("repetition_penalty", 1.0),
                           presence_penalty=penalties.get("presence_penalty", 0.0),
-                          stop_ids=stops, n_stop_ids=len(stop_ids), ignore_eos=1,
+                          stop_ids=stops, n_stop_ids=len(stop_ids), ignore_eos=ignore_eos,
                           top_logprobs=top_logprobs)
         rid, err = C.c_uint64(), C.c_void_p()
         with self.lock:  # the event may arrive before submit returns
@@ -236,3 +236,24 @@ def test_prefix_cache_hits_are_counted(tiny):
     assert m0.prefix_cache_hits == 0 and m0.prefix_cache_queries == len(prompt)
     assert m1.prefix_cache_hits - m0.prefix_cache_hits == 48  # three full blocks of 16
     assert 0 <= m1.kv_usage <= 1
+
+
+def test_generation_config_eos_ends_generation(tiny, tmp_path):
+    # An id listed only in generation_config.json stops generation too (gpt-oss lists <|call|>
+    # there).
+    import json
+    import shutil
+    prompt = [506, 70, 71, 72, 73]
+    with Engine(tiny, ["threads=1"]) as eng:
+        seq = eng.seq()
+        first = seq.greedy(prompt, 1)[0]
+        seq.close()
+    model = tmp_path / "with-generation-config"
+    shutil.copytree(tiny, model)
+    with open(model / "generation_config.json", "w") as f:
+        json.dump({"eos_token_id": [first]}, f)
+    with Engine(str(model), ["threads=1"]) as eng:
+        srv = Server(eng)
+        ev = srv.wait(srv.submit(prompt, 8, ignore_eos=0))
+        srv.close()
+    assert tokens(ev) == [first] and ev[-1]["finish"] == FINISH_STOP
