@@ -1,0 +1,258 @@
+/* attention.cu: rope, kv_store and causal GQA attention over the paged KV cache.
+ *
+ * The cache holds F32, BF16, F8_E4M3 or I8 rows; the two 8-bit formats carry one F32 scale per
+ * (slot, KV head). A warp owns one head row of hd <= CU_MAX_HEAD_DIM elements, lane l holding
+ * elements l, l + 32, ...: kv_store quantizes a row with a warp-wide amax, attention keeps q
+ * and the output accumulator of one (token, query head) in registers. */
+#include "cuda-dev.cuh"
+
+#define PER_LANE (CU_MAX_HEAD_DIM / 32)
+#define WARPS 4 /* rows per block */
+
+static int check_heads(struct cu_ctx *c, const char *op, int n, int heads, int hd) {
+    if (n >= 0 && heads > 0 && hd > 0 && hd <= CU_MAX_HEAD_DIM) return 1;
+    cu_fail(c, TMX_ERR_INVALID, "%s: n = %d, heads = %d, head_dim = %d (at most %d)", op, n,
+            heads, hd, CU_MAX_HEAD_DIM);
+    return 0;
+}
+
+/* --- rope ----------------------------------------------------------------------------------- */
+
+/* A thread per (token, pair i): the angle in double (pos * inv_freq reaches thousands of
+ * radians, where a float angle is off by 1e-4), then pair i of every head rotated. */
+__global__ void rope_kernel(float *x, const int32_t *pos, const float *inv_freq, int n, int heads,
+                            int hd, int *dev_err) {
+    int half = hd / 2;
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)n * half) return;
+    int t = (int)(idx / half), i = (int)(idx % half);
+    if (pos[t] < 0) {
+        flag(dev_err, CU_DEV_POSITION);
+        return;
+    }
+    double s, co;
+    sincos((double)pos[t] * inv_freq[i], &s, &co);
+    float cs = (float)co, sn = (float)s;
+    for (int h = 0; h < heads; h++) {
+        float *v = x + ((int64_t)t * heads + h) * hd;
+        float a = v[i], b = v[i + half];
+        v[i] = a * cs - b * sn;
+        v[i + half] = b * cs + a * sn;
+    }
+}
+
+extern "C" void cu_rope(void *ctx, float *x, const int32_t *pos, const float *inv_freq, int n,
+                        int heads, int hd) {
+    struct cu_ctx *c = (struct cu_ctx *)ctx;
+    if (!cu_enter(c, "rope") || !check_heads(c, "rope", n, heads, hd)) return;
+    if (hd % 2) {
+        cu_fail(c, TMX_ERR_INVALID, "rope: head_dim %d is odd", hd);
+        return;
+    }
+    if (n == 0) return;
+    int64_t count = (int64_t)n * (hd / 2);
+    rope_kernel<<<blocks_for(count, 128), 128, 0, c->stream>>>(x, pos, inv_freq, n, heads, hd,
+                                                                c->dev_err);
+    cu_check_launch(c, "rope");
+}
+
+/* --- the cache's number formats ------------------------------------------------------------- */
+
+#define CU_DISPATCH_KV(dt, call)                                                              \
+    do {                                                                                      \
+        switch (dt) {                                                                         \
+        case TMX_DTYPE_BF16: { constexpr int KT = TMX_DTYPE_BF16; call; break; }              \
+        case TMX_DTYPE_F8_E4M3: { constexpr int KT = TMX_DTYPE_F8_E4M3; call; break; }        \
+        case TMX_DTYPE_I8: { constexpr int KT = TMX_DTYPE_I8; call; break; }                  \
+        default: { constexpr int KT = TMX_DTYPE_F32; call; break; }                           \
+        }                                                                                     \
+    } while (0)
+
+/* Element i of a cache array, before its row's scale. */
+template <int KT> __device__ __forceinline__ float kv_load(const void *p, int64_t i) {
+    if (KT == TMX_DTYPE_F32) return ((const float *)p)[i];
+    if (KT == TMX_DTYPE_BF16) return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16);
+    if (KT == TMX_DTYPE_F8_E4M3) return e4m3_to_f32(((const uint8_t *)p)[i]);
+    return (float)((const int8_t *)p)[i];
+}
+
+template <int KT> __device__ __forceinline__ void kv_put(void *p, int64_t i, float v) {
+    if (KT == TMX_DTYPE_F32) ((float *)p)[i] = v;
+    if (KT == TMX_DTYPE_BF16) ((uint16_t *)p)[i] = f32_to_bf16_bits(v);
+    if (KT == TMX_DTYPE_F8_E4M3) ((uint8_t *)p)[i] = f32_to_e4m3_bits(v);
+    if (KT == TMX_DTYPE_I8) ((int8_t *)p)[i] = (int8_t)fminf(fmaxf(rintf(v), -127.0f), 127.0f);
+}
+
+static bool kv_scaled(enum tmx_dtype dt) {
+    return dt == TMX_DTYPE_F8_E4M3 || dt == TMX_DTYPE_I8;
+}
+
+static int check_cache(struct cu_ctx *c, const char *op, const struct tmx_kv_cache *kv) {
+    bool dt_ok = kv && (kv->dtype == TMX_DTYPE_F32 || kv->dtype == TMX_DTYPE_BF16 ||
+                        kv_scaled(kv->dtype));
+    if (!dt_ok) {
+        cu_fail(c, kv ? TMX_ERR_UNSUPPORTED : TMX_ERR_INVALID,
+                "%s: KV cache dtype must be F32, BF16, F8_E4M3 or I8", op);
+        return 0;
+    }
+    if (kv->n_blocks <= 0 || kv->block_size <= 0 || !kv->k || !kv->v ||
+        (kv_scaled(kv->dtype) && (!kv->k_scale || !kv->v_scale))) {
+        cu_fail(c, TMX_ERR_INVALID, "%s: KV cache of %d blocks of %d rows, buffers %s", op,
+                kv->n_blocks, kv->block_size, kv->k && kv->v ? "without scales" : "missing");
+        return 0;
+    }
+    return 1;
+}
+
+/* --- kv_store ------------------------------------------------------------------------------- */
+
+/* One row (hd elements) of token t, KV head kvh into slot: scaled formats divide by
+ * amax / qmax (0 for an all-zero row, which stores zeros). */
+template <int KT>
+__device__ void store_row(void *cache, float *scales, const float *src, int64_t slot, int kvh,
+                          int hkv, int hd) {
+    int lane = threadIdx.x % 32;
+    int64_t at = (slot * hkv + kvh) * hd;
+    float v[PER_LANE], amax = 0.0f;
+    for (int j = 0; j < PER_LANE; j++) {
+        int i = lane + 32 * j;
+        v[j] = i < hd ? src[i] : 0.0f;
+        amax = fmaxf(amax, fabsf(v[j]));
+    }
+    float scale = 1.0f;
+    if (KT == TMX_DTYPE_F8_E4M3 || KT == TMX_DTYPE_I8) {
+        amax = warp_max(amax);
+        scale = amax / (KT == TMX_DTYPE_I8 ? 127.0f : 448.0f);
+        if (lane == 0) scales[slot * hkv + kvh] = scale;
+    }
+    for (int j = 0; j < PER_LANE; j++) {
+        int i = lane + 32 * j;
+        if (i >= hd) break;
+        float q = v[j];
+        if (KT == TMX_DTYPE_F8_E4M3 || KT == TMX_DTYPE_I8) q = scale == 0.0f ? 0.0f : v[j] / scale;
+        kv_put<KT>(cache, at + i, q);
+    }
+}
+
+/* A warp per (token, KV head). */
+template <int KT>
+__global__ void __launch_bounds__(WARPS * 32)
+kv_store_kernel(struct tmx_kv_cache kv, const float *k, const float *v, const int32_t *slots,
+                int n, int *dev_err) {
+    int64_t row = (int64_t)blockIdx.x * WARPS + threadIdx.x / 32;
+    if (row >= (int64_t)n * kv.hkv) return;
+    int t = (int)(row / kv.hkv), kvh = (int)(row % kv.hkv);
+    int32_t slot = slots[t];
+    if (slot < 0) return;
+    if (slot >= (int64_t)kv.n_blocks * kv.block_size) {
+        flag(dev_err, CU_DEV_SLOT);
+        return;
+    }
+    store_row<KT>(kv.k, kv.k_scale, k + row * kv.hd, slot, kvh, kv.hkv, kv.hd);
+    store_row<KT>(kv.v, kv.v_scale, v + row * kv.hd, slot, kvh, kv.hkv, kv.hd);
+}
+
+extern "C" void cu_kv_store(void *ctx, const struct tmx_kv_cache *kv, const float *k,
+                            const float *v, const int32_t *slots, int n) {
+    struct cu_ctx *c = (struct cu_ctx *)ctx;
+    if (!cu_enter(c, "kv_store") || !check_cache(c, "kv_store", kv) ||
+        !check_heads(c, "kv_store", n, kv->hkv, kv->hd) || n == 0)
+        return;
+    int64_t rows = (int64_t)n * kv->hkv;
+    CU_DISPATCH_KV(kv->dtype, (kv_store_kernel<KT><<<blocks_for(rows, WARPS), WARPS * 32, 0,
+                                                     c->stream>>>(*kv, k, v, slots, n,
+                                                                  c->dev_err)));
+    cu_check_launch(c, "kv_store");
+}
+
+/* --- attention ------------------------------------------------------------------------------ */
+
+struct attn_args {
+    float *out;            /* [n][hq][hd] */
+    const float *q;        /* [n][hq][hd] */
+    const int32_t *tables; /* [n_seq][max_blocks] */
+    const int32_t *seq, *pos;
+    int max_blocks, n, hq, window;
+    float scale;
+};
+
+/* A warp per (token, query head): one pass over the visible positions with an online softmax.
+ * The running max m and sum l are rescaled when a score raises the max, so every exponent is at
+ * most 0 and the result is the exact softmax up to rounding. */
+template <int KT>
+__global__ void __launch_bounds__(WARPS * 32)
+attention_kernel(struct tmx_kv_cache kv, struct attn_args a, int *dev_err) {
+    int64_t task = (int64_t)blockIdx.x * WARPS + threadIdx.x / 32;
+    if (task >= (int64_t)a.n * a.hq) return;
+    int lane = threadIdx.x % 32, hd = kv.hd;
+    int t = (int)(task / a.hq), h = (int)(task % a.hq), kvh = h / (a.hq / kv.hkv);
+    int s = a.seq[t], p = a.pos[t];
+    float *out = a.out + task * hd;
+    if (s < 0 || p < 0) {
+        flag(dev_err, s < 0 ? CU_DEV_BLOCK : CU_DEV_POSITION);
+        return;
+    }
+    float qv[PER_LANE], acc[PER_LANE];
+    for (int j = 0; j < PER_LANE; j++) {
+        int i = lane + 32 * j;
+        qv[j] = i < hd ? a.q[task * hd + i] : 0.0f;
+        acc[j] = 0.0f;
+    }
+    int lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+    const int32_t *table = a.tables + (int64_t)s * a.max_blocks;
+    const bool scaled = KT == TMX_DTYPE_F8_E4M3 || KT == TMX_DTYPE_I8;
+    float m = -INFINITY, l = 0.0f;
+    for (int j = lo; j <= p; j++) {
+        int bi = j / kv.block_size;
+        int blk = bi < a.max_blocks ? table[bi] : -1;
+        if (blk < 0 || blk >= kv.n_blocks) {
+            flag(dev_err, CU_DEV_BLOCK);
+            return;
+        }
+        int64_t row = ((int64_t)blk * kv.block_size + j % kv.block_size) * kv.hkv + kvh;
+        float ks = scaled ? kv.k_scale[row] : 1.0f, vs = scaled ? kv.v_scale[row] : 1.0f;
+        float dot = 0.0f;
+        for (int jj = 0; jj < PER_LANE; jj++) {
+            int i = lane + 32 * jj;
+            if (i < hd) dot += qv[jj] * (kv_load<KT>(kv.k, row * hd + i) * ks);
+        }
+        float sc = warp_sum(dot) * a.scale;
+        if (sc > m) {
+            float r = expf(m - sc);
+            l *= r;
+            for (int jj = 0; jj < PER_LANE; jj++) acc[jj] *= r;
+            m = sc;
+        }
+        float e = expf(sc - m);
+        l += e;
+        for (int jj = 0; jj < PER_LANE; jj++) {
+            int i = lane + 32 * jj;
+            if (i < hd) acc[jj] += e * (kv_load<KT>(kv.v, row * hd + i) * vs);
+        }
+    }
+    for (int jj = 0; jj < PER_LANE; jj++) {
+        int i = lane + 32 * jj;
+        if (i < hd) out[i] = acc[jj] / l;
+    }
+}
+
+extern "C" void cu_attention(void *ctx, float *out, const float *q, const struct tmx_kv_cache *kv,
+                             const int32_t *tables, int max_blocks, const int32_t *seq,
+                             const int32_t *pos, int n, int hq, int window, float scale) {
+    struct cu_ctx *c = (struct cu_ctx *)ctx;
+    if (!cu_enter(c, "attention") || !check_cache(c, "attention", kv) ||
+        !check_heads(c, "attention", n, hq, kv->hd))
+        return;
+    if (kv->hkv <= 0 || hq % kv->hkv || max_blocks <= 0 || window < 0) {
+        cu_fail(c, TMX_ERR_INVALID,
+                "attention: %d query heads over %d KV heads, %d blocks per sequence, window %d",
+                hq, kv->hkv, max_blocks, window);
+        return;
+    }
+    if (n == 0) return;
+    struct attn_args a = {out, q, tables, seq, pos, max_blocks, n, hq, window, scale};
+    int64_t tasks = (int64_t)n * hq;
+    CU_DISPATCH_KV(kv->dtype, (attention_kernel<KT><<<blocks_for(tasks, WARPS), WARPS * 32, 0,
+                                                      c->stream>>>(*kv, a, c->dev_err)));
+    cu_check_launch(c, "attention");
+}

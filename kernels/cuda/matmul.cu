@@ -1,0 +1,182 @@
+/* matmul.cu: y[n][m] = x[n][k] . w[m][k]^T with F32 activations.
+ *
+ * Decode (n <= 8) is bound by reading the weight once: a GEMV kernel, one warp per weight row,
+ * that keeps up to 8 token rows' sums in registers and reads F32/BF16/F16 weights directly.
+ *
+ * Prefill (n > 8) goes to cuBLASLt. F32 weights: an F32 GEMM (CUBLAS_COMPUTE_32F, no TF32).
+ * BF16 weights: the activations cannot simply be rounded to BF16, which costs ~2^-9 relative
+ * error per element and fails the conformance tolerance (1e-5 normalized). Each activation is
+ * split instead into x = hi + lo, both BF16 (lo the BF16 rounding of x - hi), and two BF16
+ * GEMMs with F32 accumulation add W.hi and W.lo: what is left is ~2^-17 relative per element,
+ * at twice the tensor-core work of a plain BF16 GEMM. F16 weights would need the same split in
+ * F16, whose range (65504) and subnormals break it for real activations, so they take the GEMV
+ * kernel over groups of 8 tokens (correct, not fast: F16 checkpoints are rare). */
+#include "cuda-dev.cuh"
+
+#define GEMV_WARPS 8 /* weight rows per block: one per warp */
+
+/* One warp per weight row r, for the tokens [t0, t0 + nt) of this block's group, nt <= NT.
+ * VEC: 16-byte loads (k a multiple of 8 and x 16-byte aligned, checked by the caller). */
+template <int DT, int NT, bool VEC>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_kernel(float *y, const float *x, const void *w, int n, int m, int k) {
+    int r = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    int t0 = blockIdx.y * NT, nt = n - t0 < NT ? n - t0 : NT;
+    if (r >= m) return;
+    float acc[NT];
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    const int64_t row = (int64_t)r * k;
+    if (VEC) {
+        for (int i = lane * 8; i < k; i += 32 * 8) {
+            float wv[8];
+            if (DT == TMX_DTYPE_F32) {
+                float4 a = __ldg((const float4 *)((const float *)w + row + i));
+                float4 b = __ldg((const float4 *)((const float *)w + row + i + 4));
+                wv[0] = a.x, wv[1] = a.y, wv[2] = a.z, wv[3] = a.w;
+                wv[4] = b.x, wv[5] = b.y, wv[6] = b.z, wv[7] = b.w;
+            } else {
+                uint4 u = __ldg((const uint4 *)((const uint16_t *)w + row + i));
+                const uint32_t h[4] = {u.x, u.y, u.z, u.w};
+                for (int j = 0; j < 4; j++) {
+                    if (DT == TMX_DTYPE_BF16) {
+                        wv[2 * j] = __uint_as_float(h[j] << 16);
+                        wv[2 * j + 1] = __uint_as_float(h[j] & 0xffff0000u);
+                    } else {
+                        float2 f = __half22float2(*(const __half2 *)&h[j]);
+                        wv[2 * j] = f.x, wv[2 * j + 1] = f.y;
+                    }
+                }
+            }
+            for (int t = 0; t < NT; t++) {
+                if (t >= nt) break;
+                const float *xt = x + (int64_t)(t0 + t) * k + i;
+                float4 a = *(const float4 *)xt, b = *(const float4 *)(xt + 4);
+                acc[t] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x +
+                          wv[5] * b.y + wv[6] * b.z + wv[7] * b.w;
+            }
+        }
+    } else {
+        for (int i = lane; i < k; i += 32) {
+            float wv = load_w<DT>(w, row + i);
+            for (int t = 0; t < NT; t++) {
+                if (t >= nt) break;
+                acc[t] += wv * x[(int64_t)(t0 + t) * k + i];
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++) {
+        float s = warp_sum(acc[t]);
+        if (t < nt && lane == 0) y[(int64_t)(t0 + t) * m + r] = s;
+    }
+}
+
+template <int DT, int NT>
+static void gemv_launch(struct cu_ctx *c, float *y, const float *x, const void *w, int n, int m,
+                        int k) {
+    dim3 grid((unsigned)((m + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + NT - 1) / NT));
+    bool vec = k % 8 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
+    if (vec)
+        gemv_kernel<DT, NT, true><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, n, m, k);
+    else
+        gemv_kernel<DT, NT, false><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, n, m, k);
+}
+
+/* Token rows go in groups of 1, 2, 4 or 8 (the smallest that holds n, else 8). */
+template <int DT>
+static void gemv(struct cu_ctx *c, float *y, const float *x, const void *w, int n, int m, int k) {
+    if (n == 1) gemv_launch<DT, 1>(c, y, x, w, n, m, k);
+    else if (n == 2) gemv_launch<DT, 2>(c, y, x, w, n, m, k);
+    else if (n <= 4) gemv_launch<DT, 4>(c, y, x, w, n, m, k);
+    else gemv_launch<DT, 8>(c, y, x, w, n, m, k);
+}
+
+/* --- cuBLASLt ------------------------------------------------------------------------------ */
+
+/* x = hi + lo, both BF16: [count] F32 -> [count] BF16 twice. */
+__global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x,
+                                  int64_t count) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    float v = x[i];
+    uint16_t h = f32_to_bf16_bits(v);
+    uint16_t l = f32_to_bf16_bits(v - __uint_as_float((uint32_t)h << 16));
+    hi[i] = __ushort_as_bfloat16(h);
+    lo[i] = __ushort_as_bfloat16(l);
+}
+
+/* Y (+)= X . W^T in cuBLASLt's column-major terms: C[m][n] = op(A)[m][k] . B[k][n] with A the
+ * row-major W seen as k x m (transposed), B the row-major X seen as k x n, C = Y^T (m x n).
+ * Returns 0 (nothing queued) when cuBLASLt has no algorithm for the shape, so the caller can
+ * fall back; other failures are recorded. */
+static int lt_matmul(struct cu_ctx *c, cudaDataType_t ab, const void *w, const void *x, float *y,
+                     int n, int m, int k, float beta) {
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const float alpha = 1.0f;
+    cublasStatus_t st;
+    if ((st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) ||
+        (st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
+        (st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) ||
+        (st = cublasLtMatrixLayoutCreate(&la, ab, k, m, k)) ||
+        (st = cublasLtMatrixLayoutCreate(&lb, ab, k, n, k)) ||
+        (st = cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, m)) ||
+        (st = cublasLtMatmulPreferenceCreate(&pref)) ||
+        (st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &c->lt_ws_size, sizeof c->lt_ws_size)))
+        goto done;
+    if (cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &res, &found) ||
+        found == 0) {
+        found = 0;
+        goto done;
+    }
+    st = cublasLtMatmul(c->lt, op, &alpha, w, la, x, lb, &beta, y, lc, y, lc, &res.algo,
+                        c->lt_ws, c->lt_ws_size, c->stream);
+done:
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        cu_fail(c, TMX_ERR_DEVICE, "matmul: cuBLASLt: %s", cublasLtGetStatusString(st));
+        found = 1; /* recorded: no fallback */
+    }
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return found;
+}
+
+/* BF16 weights, n > 8: the hi/lo split, then two GEMMs into y. */
+static int lt_matmul_bf16(struct cu_ctx *c, float *y, const float *x, const void *w, int n,
+                          int m, int k) {
+    int64_t count = (int64_t)n * k;
+    size_t half = ((size_t)count * 2 + 255) & ~(size_t)255;
+    char *s = (char *)cu_scratch(c, 2 * half, "matmul");
+    if (!s) return 1;
+    __nv_bfloat16 *hi = (__nv_bfloat16 *)s, *lo = (__nv_bfloat16 *)(s + half);
+    split_bf16_kernel<<<blocks_for(count, 256), 256, 0, c->stream>>>(hi, lo, x, count);
+    if (!cu_check_launch(c, "matmul")) return 1;
+    if (!lt_matmul(c, CUDA_R_16BF, w, hi, y, n, m, k, 0.0f)) return 0;
+    if (!lt_matmul(c, CUDA_R_16BF, w, lo, y, n, m, k, 1.0f))
+        cu_fail(c, TMX_ERR_DEVICE, "matmul: cuBLASLt has no algorithm for the lo half of a split GEMM");
+    return 1;
+}
+
+extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_tensor *w, int n) {
+    struct cu_ctx *c = (struct cu_ctx *)ctx;
+    if (!cu_enter(c, "matmul") || !cu_check_weight(c, "matmul", "weight", w, 2, 0, 0)) return;
+    if (n < 0 || w->shape[0] > INT32_MAX || w->shape[1] > INT32_MAX) {
+        cu_fail(c, TMX_ERR_INVALID, "matmul: n = %d, weight [%lld][%lld]", n,
+                (long long)w->shape[0], (long long)w->shape[1]);
+        return;
+    }
+    if (n == 0) return;
+    int m = (int)w->shape[0], k = (int)w->shape[1];
+    if (n > 8 && w->dtype == TMX_DTYPE_F32 && lt_matmul(c, CUDA_R_32F, w->data, x, y, n, m, k, 0))
+        return;
+    if (n > 8 && w->dtype == TMX_DTYPE_BF16 && lt_matmul_bf16(c, y, x, w->data, n, m, k)) return;
+    CU_DISPATCH_W(w->dtype, gemv<DT>(c, y, x, w->data, n, m, k));
+    cu_check_launch(c, "matmul");
+}
