@@ -1,6 +1,7 @@
 /* plugin.c: codec.trellis-e4m3, TrellisMX experts with E4M3 operands (docs/trellismx.md): law
  * e4m3, block scales per 32 inputs, activations E4M3 per token. The implementation is shared
- * with codec.trellis-fp4 and lives in plugins/trellis (codec.h). */
+ * with codec.trellis-fp4 and lives in plugins/trellis (codec.h); the device path, in a build
+ * with CUDA, in plugins/trellis/cuda. */
 #include "codec.h"
 
 static enum tmx_status e4m3_init(const struct tmx_host *host, const struct tmx_opts *opts,
@@ -12,13 +13,22 @@ static const struct tmx_codec_i e4m3_ops = {
     .struct_size = sizeof(struct tmx_codec_i),
     .quant_method = "trellismx",
     .init = e4m3_init,
+#ifdef TMX_TRELLIS_CUDA
+    .fini = tmx_trellis_codec_device_fini,
+#else
     .fini = tmx_trellis_codec_fini,
+#endif
     .layer_load = tmx_trellis_codec_layer_load,
     .layer_free = tmx_trellis_codec_layer_free,
     .moe_experts = tmx_trellis_codec_moe_experts,
     .expert_decode = tmx_trellis_codec_expert_decode,
     .layer_encode = tmx_trellis_codec_layer_encode,
     .quant_config = tmx_trellis_codec_quant_config,
+#ifdef TMX_TRELLIS_CUDA
+    .device_load = tmx_trellis_codec_device_load,
+    .device_free = tmx_trellis_codec_device_free,
+    .device_moe_experts = tmx_trellis_codec_device_moe_experts,
+#endif
 };
 
 static const struct tmx_option e4m3_options[] = {

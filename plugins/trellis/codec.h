@@ -77,4 +77,21 @@ enum tmx_status tmx_trellis_codec_layer_encode(void *ctx, const struct tmx_codec
                                                char **err);
 int tmx_trellis_codec_quant_config(void *ctx, int bits, char *buf, size_t size);
 
+/* --- the device path (plugins/trellis/cuda, built when CUDA is: TMX_TRELLIS_CUDA) --------- */
+
+/* tmx_trellis_codec_fini that also frees the device buffers. */
+void tmx_trellis_codec_device_fini(void *ctx);
+/* Copies a layer to the GPU for kernel set "cuda" (any other: TMX_ERR_UNSUPPORTED, as is
+ * activations = "f32": the device multiplies the serving formats only). */
+enum tmx_status tmx_trellis_codec_device_load(void *ctx, void *layer, const char *kernels,
+                                              void *stream, void **dev, char **err);
+void tmx_trellis_codec_device_free(void *ctx, void *dev);
+/* moe_experts on device buffers, queued on `stream` (a cudaStream_t). */
+enum tmx_status tmx_trellis_codec_device_moe_experts(void *ctx, void *dev, void *stream,
+                                                     float *out, const float *z,
+                                                     const int32_t *ids, const float *weights,
+                                                     int n, int k,
+                                                     const struct tmx_tensor *post_norm,
+                                                     float eps, char **err);
+
 #endif

@@ -23,6 +23,7 @@ struct trellis_codec {
     size_t budget;               /* TRELLIS_SCRATCH_BUDGET (tests lower it) */
     void *scratch;               /* moe_experts' buffers, grown on demand up to the budget */
     size_t scratch_size;
+    void *device;                /* the device path's buffers (cuda/codec_device.c), or NULL */
 };
 
 /* What tmx_trellis_codec_init makes of its options (threads >= 1); free with

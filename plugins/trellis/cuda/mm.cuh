@@ -1,0 +1,41 @@
+/* mm.cuh: the fused expert matmul (decode + block scales + MMA) and its launch, shared by
+ * mm.cu (the kernels) and moe.cu (the expert block). */
+#ifndef TMX_TRELLIS_MM_CUH
+#define TMX_TRELLIS_MM_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define MM_WARPS 4  /* strips of 16 rows per CTA, one per warp */
+#define MM_CHUNK 16 /* tiles of a strip staged at a time: 256 inputs */
+
+/* One launch: y = Q x for the groups of tokens of one or two matrices (blockIdx.z: gate and
+ * up share their inputs). A group is up to 8 * NG tokens of one expert (kernel template). */
+struct mm_params {
+    const uint32_t *words[2]; /* [E][rows/16][cols/16][8K] */
+    const uint8_t *scales[2]; /* [E][rows][cols/block] E4M3 */
+    const float *g[2];        /* [E] */
+    float *y[2];              /* [slots][rows] */
+    int rows, cols;
+    /* Groups: groups[*n_groups] (expert, first slot, count); or, groups NULL, every expert
+     * has m slots in a row (slot = expert * m + i). */
+    const int4 *groups;
+    const int *n_groups;
+    int m;
+    const int *act_row;       /* [slots]: the activation row of each slot; NULL: the slot */
+    const uint8_t *x;         /* [rows of x][cols] kappa order */
+    const float *xa;          /* [rows of x] token scales */
+    const float *xb;          /* law e2m1: [rows of x][cols/16] block scale values */
+    const uint8_t *lut;       /* law e2m1: [TRELLIS_LUT] */
+};
+
+/* Tokens per group for NG = 1 (GEMV: up to 8 tokens) and the grouped GEMM. */
+#define MM_GROUP_SMALL 8
+#define MM_GROUP_LARGE 64
+
+/* Queues y = Q x on `stream` for n_mats (1, 2) matrices and up to max_groups groups of
+ * `group` (MM_GROUP_SMALL or _LARGE) tokens. */
+cudaError_t trellis_mm_launch(int fp4, int K, int group, const mm_params &p, int n_mats,
+                              int max_groups, cudaStream_t stream);
+
+#endif
