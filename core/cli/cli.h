@@ -35,8 +35,11 @@ struct tmx_engine *cli_engine_open(const struct cli_engine_opts *o, const char *
 /* Prints "tmx <cmd>: <msg>" to stderr and frees msg. Returns 1 (the exit code). */
 int cli_fail(const char *cmd, char *msg);
 
+int cmd_conform(int argc, char **argv);
+int cmd_eval_kld(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 

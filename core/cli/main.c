@@ -5,16 +5,16 @@
 
 #include "cli.h"
 
-int cmd_conform(int argc, char **argv); /* conform.c */
-
 static const struct {
     const char *name;
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
     {"conform", cmd_conform, "check a kernel set against the conformance cases (tmx/conform.h)"},
+    {"eval-kld", cmd_eval_kld, "KL divergence and top-1 agreement of a model against its teacher"},
     {"generate", cmd_generate, "continue a prompt and print the text and tokens/s"},
     {"inspect", cmd_inspect, "print a checkpoint's config, tensors and the plugins it needs"},
+    {"plan", cmd_plan, "will a model fit these GPUs: weights, runtime and KV cache per rank"},
     {"quantize", cmd_quantize, "code a BF16 checkpoint's routed experts with a codec (TrellisMX)"},
     {"serve", cmd_serve, "serve a model over an OpenAI-compatible HTTP API"},
 };
