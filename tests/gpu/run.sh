@@ -10,15 +10,20 @@
 #   1. nvidia-smi                                   gpu.txt
 #   2. tmx conform --kernels cuda (+ per-case time) conform.txt, conform.json
 #   3. tmx-graph-check cuda                         graph.txt
-#   4. muse-tiny BF16 and F32, every KV cache dtype: 64 greedy tokens with kernels cpu and cuda,
-#      texts compared; a longer cuda run for decode tokens/s        generate.txt, summary.json
-#   5. compute-sanitizer memcheck over the conformance cases, when the machine allows it
-# The last thing printed is a summary table.
+#   4. muse-tiny BF16 and F32, every KV cache dtype, and its K3 builds (e4m3, fp4) when
+#      .devmodels has them: 64 greedy tokens with kernels cpu and cuda, texts compared; a longer
+#      cuda run for decode tokens/s                                   generate.txt, summary.json
+#   5. logits: tmx eval-kld with the CPU as teacher and CUDA as model   kld.txt
+#   6. compute-sanitizer memcheck over the conformance cases, when the machine allows it
+#   7. the codecs' device bench (tests/gpu/codec.sh) when .gpu-codec is carried, and the SASS
+#      of the K3 matmul kernel                                          h200-codec.json
+# The device tool returns at most 8 files: the long logs travel in logs.tgz. The last thing
+# printed is a summary table.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 OUT=${OUT:-/tmp/tmx-gpu}
-mkdir -p "$OUT"
+mkdir -p "$OUT/logs"
 bin=$root/.devbin
 [ -x "$bin/tmx" ] || { echo "run.sh: .devbin/tmx missing: run tests/gpu/prepare.sh and carry .devbin" >&2; exit 1; }
 
@@ -28,21 +33,21 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/loc
     [ -f "$d/libcublasLt.so.13" ] && { lt=$d; break; }
 done
 [ -n "$lt" ] || lt=$(dirname "$(find /usr /opt -name 'libcublasLt.so.13' -print -quit 2>/dev/null)")
-export LD_LIBRARY_PATH=$root/.devlibs:$lt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$bin:$root/.devlibs:$lt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 echo "libcublasLt from: $lt"
 
-nvidia-smi | tee "$OUT/gpu.txt"
+nvidia-smi | tee "$OUT/logs/gpu.txt"
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)
 
 # One process per op, so that a kernel that faults (a sticky CUDA error) fails its own op only.
 echo "== conformance"
 conform_rc=0
-: > "$OUT/conform.txt"
+: > "$OUT/logs/conform.txt"
 for op in embed rmsnorm matmul rope kv_store attention moe_route moe_experts swiglu add_gated gather; do
     "$bin/tmx" conform --kernels cuda --filter "$op/" --repeat 20 --json "$OUT/c-$op.json" \
-        >> "$OUT/conform.txt" 2>&1 || conform_rc=1
+        >> "$OUT/logs/conform.txt" 2>&1 || conform_rc=1
 done
-cat "$OUT/conform.txt"
+cat "$OUT/logs/conform.txt"
 python3 - "$OUT" <<'EOF'
 import glob, json, sys
 parts = [json.load(open(p)) for p in sorted(glob.glob(f"{sys.argv[1]}/c-*.json"))]
@@ -66,8 +71,12 @@ gen() { # model kernels kv n -> stdout of tmx generate; its stderr goes to gener
 }
 : > "$OUT/generate.txt"
 rows=()
-for dt in bf16 f32; do
-    for kv in f32 bf16 fp8 int8; do
+models="bf16 f32"
+for b in k3 k3fp4; do [ -f ".devmodels/muse-tiny-$b/config.json" ] && models+=" $b"; done
+for dt in $models; do
+    kvs="f32 bf16 fp8 int8"
+    case $dt in k3*) kvs="f32 fp8" ;; esac
+    for kv in $kvs; do
         gen $dt cpu $kv 64 > "$OUT/g-cpu.txt"
         gen $dt cuda $kv 64 > "$OUT/g-cuda.txt"
         { echo "--- $dt kv=$kv cpu"; cat "$OUT/g-cpu.txt"; echo "--- $dt kv=$kv cuda"; cat "$OUT/g-cuda.txt"; } >> "$OUT/generate.txt"
@@ -96,19 +105,41 @@ EOF
 done
 rm -f "$OUT"/g-*.txt
 
+echo "== logits: CPU teacher, CUDA model"
+: > "$OUT/kld.txt"
+for dt in $models; do
+    echo "--- $dt" >> "$OUT/kld.txt"
+    "$bin/tmx" eval-kld --teacher ".devmodels/muse-tiny-$dt" --model ".devmodels/muse-tiny-$dt" \
+        --text README.md --window 256 --max-windows 4 --calib none --resamples 200 \
+        --teacher-set kernels=cpu --model-set kernels=cuda -o "$OUT/logs/kld-$dt" \
+        >> "$OUT/kld.txt" 2>&1 || echo "eval-kld failed: rc $?" >> "$OUT/kld.txt"
+done
+cat "$OUT/kld.txt"
+
 echo "== compute-sanitizer (memcheck) over the conformance cases"
 san="skipped"
 if command -v compute-sanitizer > /dev/null; then
     timeout 45 compute-sanitizer --tool memcheck "$bin/tmx" conform --kernels cuda \
-        > "$OUT/sanitizer.txt" 2>&1
-    san=$(grep -E "ERROR SUMMARY|not supported|error" "$OUT/sanitizer.txt" | tail -1)
+        > "$OUT/logs/sanitizer.txt" 2>&1
+    san=$(grep -E "ERROR SUMMARY|not supported|error" "$OUT/logs/sanitizer.txt" | tail -1)
     [ -n "$san" ] || san="exit $? (see sanitizer.txt)"
 fi
 echo "$san"
 
-python3 - "$OUT" "$conform_rc" "$graph_rc" "$san" "$gpu" "${rows[@]}" <<'EOF'
+codec_rc=skipped
+if [ -x .gpu-codec/trellis-gpu-bench ]; then
+    echo "== codec device bench"
+    sh tests/gpu/codec.sh .gpu-codec "$OUT/logs/codec" > "$OUT/logs/codec.txt" 2>&1
+    codec_rc=$?
+    cp "$OUT/logs/codec/h200-codec.json" "$OUT/" 2>/dev/null
+    tail -40 "$OUT/logs/codec.txt"
+    command -v cuobjdump > /dev/null &&
+        cuobjdump -sass -arch sm_90a .gpu-codec/trellis-gpu-bench > "$OUT/logs/sass.txt" 2>&1
+fi
+
+python3 - "$OUT" "$conform_rc" "$graph_rc" "$san" "$gpu" "$codec_rc" "${rows[@]}" <<'EOF'
 import json, os, sys
-out, conform_rc, graph_rc, san, gpu, rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6:]
+out, conform_rc, graph_rc, san, gpu, codec_rc, rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7:]
 path = f"{out}/conform.json"
 doc = json.load(open(path)) if os.path.exists(path) else {"cases": []}
 fails = [c["name"] for c in doc["cases"] if not c["pass"]]
@@ -120,7 +151,7 @@ for c in doc["cases"]:
     if c["tol"] and c["err"] is not None:
         o["worst_err_over_tol"] = max(o["worst_err_over_tol"], c["err"] / c["tol"])
 summary = {"gpu": gpu, "conform_rc": conform_rc, "graph_rc": graph_rc, "sanitizer": san,
-           "ops": ops, "failed": fails, "generate": rows}
+           "codec_rc": codec_rc, "ops": ops, "failed": fails, "generate": rows}
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print(f"\n==== {gpu}")
 print(f"{'op':<14}{'pass':>9}  worst err/tol")
@@ -128,8 +159,9 @@ for k, v in ops.items():
     print(f"{k:<14}{v['pass']:>5}/{v['cases']:<3}  {v['worst_err_over_tol']:.3f}")
 print(f"conformance: {len(doc['cases']) - len(fails)}/{len(doc['cases'])} pass (rc {conform_rc})"
       + (f"; FAIL: {', '.join(fails)}" if fails else ""))
-print(f"graph check: {'PASS' if graph_rc == 0 else 'FAIL'}; sanitizer: {san}")
+print(f"graph check: {'PASS' if graph_rc == 0 else 'FAIL'}; sanitizer: {san}; codec bench rc: {codec_rc}")
 for r in rows:
     a, b, c = r.split("|")
     print(f"  {a:<22} {b:<58} {c}")
 EOF
+tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"

@@ -34,6 +34,16 @@ __device__ __forceinline__ bool group_of(const mm_params &p, int gi, int cap, mm
     return true;
 }
 
+/* A lane's K uint4 of a chunk of `tiles` tiles (8K words each), zeros past its end. */
+template <int K>
+__device__ __forceinline__ void load_chunk(uint4 (&pre)[K], const uint4 *src, int tiles,
+                                           int lane) {
+    const int n = tiles * 2 * K; /* uint4 in the chunk: tiles * 8K words / 4 */
+#pragma unroll
+    for (int i = 0; i < K; i++)
+        pre[i] = i * 32 + lane < n ? src[i * 32 + lane] : make_uint4(0, 0, 0, 0);
+}
+
 template <int K, bool FP4, int NG>
 __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const mm_params p) {
     constexpr int NW = 8 * K, GT = 8 * NG, BLOCK = FP4 ? 16 : 32;
@@ -63,37 +73,43 @@ __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const mm_params p) {
     const uint32_t *sc1 = sc0 + 8 * spr / 4;
     const lane_window lw = lane_window_of<K>(lane);
 
+    /* The last chunk may be short: cols is a multiple of 128 (the Hadamard blocks), so a
+     * chunk holds MM_CHUNK or MM_CHUNK / 2 tiles; nothing past a row's end is read. */
+    const int n_chunks = (tiles_c + MM_CHUNK - 1) / MM_CHUNK;
     float acc[NG][4] = {};
     uint4 pre[K]; /* the next chunk of the warp's strip: K uint4 a lane */
-#pragma unroll
-    for (int i = 0; i < K; i++) pre[i] = wsrc[i * 32 + lane];
+    load_chunk<K>(pre, wsrc, min(tiles_c, MM_CHUNK), lane);
 
-    for (int c = 0; c < tiles_c / MM_CHUNK; c++) {
+    for (int c = 0; c < n_chunks; c++) {
+        const int tc = min(MM_CHUNK, tiles_c - c * MM_CHUNK); /* tiles in this chunk */
         __syncthreads(); /* the previous chunk is consumed (and row_s, lut_s are written) */
 #pragma unroll
         for (int i = 0; i < K; i++) w_s[warp][i * 32 + lane] = pre[i];
         for (int i = threadIdx.x; i < GT * (CHUNK_COLS / 16); i += blockDim.x) {
             const int t = i / (CHUNK_COLS / 16), u = i % (CHUNK_COLS / 16), r = row_s[t];
-            const uint4 v = r < 0 ? make_uint4(0, 0, 0, 0)
-                                  : reinterpret_cast<const uint4 *>(
-                                        p.x + (size_t)r * p.cols + c * CHUNK_COLS)[u];
+            const bool in = r >= 0 && u < tc;
+            const uint4 v = !in ? make_uint4(0, 0, 0, 0)
+                                : reinterpret_cast<const uint4 *>(
+                                      p.x + (size_t)r * p.cols + c * CHUNK_COLS)[u];
             *reinterpret_cast<uint4 *>(&x_s[t][4 * u]) = v;
-            if (FP4) xb_s[t][u] = r < 0 ? 0.0f : p.xb[(size_t)r * (p.cols / 16) + c * 16 + u];
+            if (FP4) xb_s[t][u] = !in ? 0.0f : p.xb[(size_t)r * (p.cols / 16) + c * 16 + u];
         }
         uint32_t s0[SW], s1[SW]; /* block scale bytes of rows g, g + 8 for this chunk */
+        const int sw = tc * 16 / BLOCK / 4;                  /* of them in this chunk */
 #pragma unroll
         for (int i = 0; i < SW; i++) {
-            s0[i] = sc0[c * SW + i];
-            s1[i] = sc1[c * SW + i];
+            s0[i] = i < sw ? sc0[c * SW + i] : 0u;
+            s1[i] = i < sw ? sc1[c * SW + i] : 0u;
         }
         __syncthreads();
-        if (c + 1 < tiles_c / MM_CHUNK)
-#pragma unroll
-            for (int i = 0; i < K; i++) pre[i] = wsrc[(c + 1) * K * 32 + i * 32 + lane];
+        if (c + 1 < n_chunks)
+            load_chunk<K>(pre, wsrc + (size_t)(c + 1) * K * 32,
+                          min(MM_CHUNK, tiles_c - (c + 1) * MM_CHUNK), lane);
 
         const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[warp]);
 #pragma unroll
         for (int st = 0; st < MM_CHUNK / 2; st++) { /* 32 inputs: tiles 2st, 2st + 1 */
+            if (2 * st >= tc) break;
             uint32_t a0, a1, a2, a3;
             lane_codes<K, FP4>(tw + 2 * st * NW, lw, lut_s, a0, a1);
             lane_codes<K, FP4>(tw + (2 * st + 1) * NW, lw, lut_s, a2, a3);

@@ -335,6 +335,24 @@ static void check_matmul(cudaStream_t s) {
             free(hm.words);
             free(hm.scales);
         }
+    /* rows of fewer than 256 inputs, and a short last chunk after a full one */
+    static const int short_shape[2][2] = {{128, 128}, {128, 384}};
+    for (int fp4 = 0; fp4 < 2; fp4++)
+        for (int sh = 0; sh < 2; sh++) {
+            struct host_matrix hm = random_matrix(fp4, 3, short_shape[sh][0], short_shape[sh][1]);
+            for (int i = 0; i < 3; i++) {
+                const double err = matmul_error(&hm, tokens[i], s);
+                worst = err > worst ? err : worst;
+                failures += !(err <= MATMUL_TOL);
+                jprintf(", {\"law\": \"%s\", \"K\": 3, \"data\": \"random\", \"rows\": %d, "
+                        "\"cols\": %d, \"tokens\": %d, \"rel_err\": %.3e}",
+                        law_name(fp4), hm.rows, hm.cols, tokens[i], err);
+                tprintf("  %s K3 random  %dx%d, %2d tokens: %.2e%s\n", law_name(fp4), hm.rows,
+                        hm.cols, tokens[i], err, err <= MATMUL_TOL ? "" : "  FAIL");
+            }
+            free(hm.words);
+            free(hm.scales);
+        }
     jprintf("], \"worst\": %.3e},\n", worst);
     tprintf("  worst over both laws, K = 2..6, 1/8/67 tokens: %.2e\n", worst);
 }
@@ -468,6 +486,20 @@ static void check_block(cudaStream_t s) {
                     err <= BLOCK_TOL ? "" : " FAIL");
         }
         tprintf("\n");
+        layer_release(h);
+        free(h);
+    }
+    /* muse-tiny's shapes (latent = inter = 128: every row shorter than one chunk) */
+    for (int fp4 = 0; fp4 < 2; fp4++) {
+        struct host_layer *h = xmalloc(sizeof *h);
+        layer_make(h, fp4, 3, 8, 128, 128);
+        const double err = block_error(fp4, h, 5, 2, 1, s);
+        failures += !(err <= BLOCK_TOL);
+        jprintf(", {\"codec\": \"%s\", \"K\": 3, \"latent\": 128, \"inter\": 128, "
+                "\"tokens\": 5, \"post_norm\": \"F32\", \"rel_err\": %.3e}",
+                fp4 ? "trellis-fp4" : "trellis-e4m3", err);
+        tprintf("  %s K3, 8 experts, latent = inter = 128, 5 tok, top 2: %.2e%s\n",
+                fp4 ? "trellis-fp4" : "trellis-e4m3", err, err <= BLOCK_TOL ? "" : " FAIL");
         layer_release(h);
         free(h);
     }
