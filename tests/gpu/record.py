@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes docs/perf/h200.md and docs/perf/h200-kernels.json from the files tests/gpu/run.sh
-left under $OUT (conform.json, summary.json, graph.txt, generate.txt), as the device tool
+left under $OUT (conform.json, summary.json, graph.txt, generate.txt, kld.txt), as the device tool
 returned them here:
 
     python3 tests/gpu/record.py FILES_DIR [--docs DIR]
@@ -35,7 +35,14 @@ def main():
             "op_time": "us: mean wall time of one op over 20 runs queued back to back and one "
                        "sync (tmx conform --repeat 20); conformance shapes are small, so these "
                        "mostly measure launch overhead"}
-    doc = {"meta": meta,
+    kld, name = {}, None  # kld.txt: "--- model" then eval-kld's table, or a failure line
+    for line in (a.files / "kld.txt").read_text().splitlines() if (a.files / "kld.txt").exists() else []:
+        if line.startswith("--- "):
+            name = line[4:].strip()
+            kld[name] = "failed"
+        elif name and line.startswith("headline"):
+            kld[name] = " ".join(line.split()[1:])
+    doc = {"meta": meta, "logits_cpu_vs_cuda": kld,
            "conformance": {"cases": conform["cases_run"], "failed": conform["failed"],
                            "by_op": summary["ops"], "cases": conform["cases"]},
            "graph_check": graph, "sanitizer": summary["sanitizer"],
@@ -68,6 +75,16 @@ def main():
     for r in summary["generate"]:
         what, result, tps = r.split("|")
         md.append(f"| {what} | {result} | {tps} |")
+    if kld:
+        md += ["\n## Logits: CPU teacher, CUDA model (`tmx eval-kld`)\n",
+               "KL(cpu || cuda) in nats over the full vocabulary and top-1 agreement, 4 windows "
+               "of 256 tokens of README.md, the same checkpoint on both kernel sets; 95% BCa "
+               "and Wilson intervals.\n",
+               "| model | windows | rows | KLD [95%] | top-1 [95%] |", "|---|---|---|---|---|"]
+        for m, v in kld.items():
+            f = v.split()
+            md.append(f"| {m} | {f[0]} | {f[1]} | {' '.join(f[2:5])} | {' '.join(f[5:])} |"
+                      if len(f) >= 7 else f"| {m} | {v} | | | |")
     (a.docs / "h200.md").write_text("\n".join(md) + "\n")
 
 
