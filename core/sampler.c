@@ -1,4 +1,8 @@
-/* sampler.c: greedy and temperature / top-k / top-p / min-p sampling with a seeded PRNG. */
+/* sampler.c: greedy and temperature / top-k / top-p / min-p sampling with a seeded PRNG.
+ *
+ * The filters and the draw read the candidates in order of probability, but rarely more than
+ * the first few hundred of them: instead of sorting the vocabulary, the sampler selects the
+ * first ones (quickselect) and sorts only those, and more when a walk goes past them. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -14,6 +18,7 @@ struct tmx_sampler {
     int n_vocab;
     uint64_t rng[4];   /* xoshiro256** state */
     struct cand *cand; /* [n_vocab] scratch */
+    double *e;         /* [n_vocab] scratch: exp(logit - max) of the survivors, by token id */
 };
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -50,8 +55,11 @@ enum tmx_status tmx_sampler_new(const struct tmx_sampler_params *p, int n_vocab,
         return tmx_err(err, TMX_ERR_INVALID, "min_p must be in [0, 1] (got %g)", p->min_p);
     if (n_vocab < 1) return tmx_err(err, TMX_ERR_INVALID, "sampler: empty vocabulary");
     struct tmx_sampler *s = calloc(1, sizeof *s);
-    if (s) s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
-    if (!s || !s->cand) {
+    if (s) {
+        s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+        s->e = malloc((size_t)n_vocab * sizeof *s->e);
+    }
+    if (!s || !s->cand || !s->e) {
         tmx_sampler_free(s);
         return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
@@ -66,6 +74,7 @@ enum tmx_status tmx_sampler_new(const struct tmx_sampler_params *p, int n_vocab,
 void tmx_sampler_free(struct tmx_sampler *s) {
     if (!s) return;
     free(s->cand);
+    free(s->e);
     free(s);
 }
 
@@ -76,55 +85,160 @@ static int32_t argmax(const float *logits, int n) {
     return best;
 }
 
-/* Descending by logit, ascending id on ties: the order is total, so results are reproducible. */
+/* Candidate order: descending by logit, ascending id on ties. The order is total, so every
+ * way of sorting gives the same list and results are reproducible. */
+static int before(const struct cand *x, const struct cand *y) {
+    return x->logit > y->logit || (x->logit == y->logit && x->id < y->id);
+}
+
 static int cand_cmp(const void *a, const void *b) {
-    const struct cand *x = a, *y = b;
-    if (x->logit != y->logit) return x->logit < y->logit ? 1 : -1;
-    return (x->id > y->id) - (x->id < y->id);
+    return before(a, b) ? -1 : before(b, a);
+}
+
+static void swap(struct cand *x, struct cand *y) {
+    const struct cand t = *x;
+    *x = *y;
+    *y = t;
+}
+
+/* A pivot for selecting the first candidates of c[lo..hi) up to position k, moved to
+ * c[hi - 1]. In a large range, SAMPLE candidates spread over it are moved to its front and
+ * sorted, and the pivot is the sample's candidate at k's share of it plus two standard
+ * deviations of that estimate, so that it most often falls a little after position k: one
+ * partition then leaves little more than the k first. Otherwise the median of the first,
+ * middle and last. */
+enum { SAMPLE = 256 };
+
+static void pivot_to_end(struct cand *c, int lo, int hi, int k) {
+    const int n = hi - lo;
+    int at;
+    if (n >= 16 * SAMPLE) {
+        for (int j = 0; j < SAMPLE; j++) /* from c[lo + SAMPLE..hi), so none is moved twice */
+            swap(&c[lo + j], &c[lo + SAMPLE + (int)((int64_t)j * (n - SAMPLE) / SAMPLE)]);
+        qsort(c + lo, SAMPLE, sizeof *c, cand_cmp);
+        const double f = (double)(k - lo) / n;
+        const int want = (int)(f * SAMPLE + 2.0 * sqrt(SAMPLE * f * (1.0 - f)) + 1.0);
+        at = lo + (want < SAMPLE - 1 ? want : SAMPLE - 1);
+    } else {
+        const int mid = lo + n / 2;
+        if (before(&c[mid], &c[lo])) swap(&c[mid], &c[lo]);
+        if (before(&c[hi - 1], &c[lo])) swap(&c[hi - 1], &c[lo]);
+        if (before(&c[hi - 1], &c[mid])) swap(&c[hi - 1], &c[mid]);
+        at = mid;
+    }
+    swap(&c[at], &c[hi - 1]);
+}
+
+/* Moves the k first candidates of c[0..n) (in candidate order) to c[0..k), unordered, for
+ * 0 < k < n: quickselect. Partitions that keep coming out lopsided (an adversarial order) end
+ * in a sort of what is left, so the worst case is O(n log n). */
+static void select_first(struct cand *c, int n, int k) {
+    int lo = 0, hi = n, rounds = 64;
+    while (lo < k && k < hi) { /* c[0..lo) are among the first k, c[hi..n) are not */
+        if (rounds-- == 0) {
+            qsort(c + lo, (size_t)(hi - lo), sizeof *c, cand_cmp);
+            return;
+        }
+        pivot_to_end(c, lo, hi, k);
+        const struct cand pivot = c[hi - 1];
+        int store = lo;
+        for (int i = lo; i < hi - 1; i++)
+            if (before(&c[i], &pivot)) swap(&c[i], &c[store++]);
+        swap(&c[store], &c[hi - 1]);
+        if (store < k) lo = store + 1;
+        else hi = store;
+    }
+}
+
+/* The draw works on the candidates in order but mostly reads only the first few: cand[0..n)
+ * is sorted lazily, in chunks that grow eightfold, each selected from the unsorted rest and
+ * sorted alone. */
+enum { FIRST_CHUNK = 256, GROWTH = 8 };
+
+struct order {
+    struct cand *cand;
+    const double *e; /* exp(logit - max) by token id */
+    int n;        /* candidates */
+    int n_sorted; /* cand[0..n_sorted) are the first n_sorted, in order */
+    int n_prob;   /* cand[0..n_prob) (sorted) hold probabilities instead of logits */
+    float max;    /* the largest logit */
+    double sum;   /* softmax denominator: the sum of e over the candidates */
+};
+
+static void sort_upto(struct order *o, int k) {
+    if (k <= o->n_sorted) return;
+    int want = o->n_sorted * GROWTH > FIRST_CHUNK ? o->n_sorted * GROWTH : FIRST_CHUNK;
+    if (want < k) want = k;
+    if (want > o->n) want = o->n;
+    struct cand *rest = o->cand + o->n_sorted;
+    const int m = want - o->n_sorted;
+    if (want < o->n) select_first(rest, o->n - o->n_sorted, m);
+    qsort(rest, (size_t)m, sizeof *rest, cand_cmp);
+    o->n_sorted = want;
+}
+
+/* The probability of the i-th candidate in order. */
+static float prob(struct order *o, int i) {
+    sort_upto(o, i + 1);
+    for (; o->n_prob <= i; o->n_prob++) {
+        struct cand *c = &o->cand[o->n_prob];
+        c->logit = (float)(o->e[c->id] / o->sum);
+    }
+    return o->cand[i].logit;
 }
 
 int32_t tmx_sampler_sample(struct tmx_sampler *s, const float *logits) {
     const struct tmx_sampler_params *p = &s->p;
     if (p->temperature == 0.0f) return argmax(logits, s->n_vocab);
 
-    int n = 0;
+    struct order o = {.cand = s->cand, .e = s->e, .max = -INFINITY};
     for (int i = 0; i < s->n_vocab; i++)
-        if (!isnan(logits[i]) && logits[i] != -INFINITY)
-            s->cand[n++] = (struct cand){logits[i] / p->temperature, i};
-    if (n == 0) return argmax(logits, s->n_vocab);
-    qsort(s->cand, (size_t)n, sizeof *s->cand, cand_cmp);
-    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+        if (!isnan(logits[i]) && logits[i] != -INFINITY) {
+            const float x = logits[i] / p->temperature;
+            s->cand[o.n++] = (struct cand){x, i};
+            o.max = x > o.max ? x : o.max;
+        }
+    if (o.n == 0) return argmax(logits, s->n_vocab);
+    if (p->top_k > 0 && p->top_k < o.n) { /* the survivors, all sorted */
+        select_first(s->cand, o.n, p->top_k);
+        o.n = p->top_k;
+        sort_upto(&o, o.n);
+    }
 
-    /* softmax over the survivors; cand[].logit becomes the probability */
-    const float max = s->cand[0].logit;
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += exp((double)s->cand[i].logit - max);
-    for (int i = 0; i < n; i++) s->cand[i].logit = (float)(exp((double)s->cand[i].logit - max) / sum);
+    /* softmax over the survivors: summed in order when top_k sorted them, else as they lie */
+    for (int i = 0; i < o.n; i++) {
+        const int32_t id = s->cand[i].id;
+        s->e[id] = exp((double)s->cand[i].logit - o.max);
+        o.sum += s->e[id];
+    }
 
+    int n = o.n;
     if (p->top_p < 1.0f) { /* the smallest prefix whose mass reaches top_p */
         double mass = 0.0;
-        int keep = n;
         for (int i = 0; i < n; i++) {
-            mass += s->cand[i].logit;
+            mass += prob(&o, i);
             if (mass >= p->top_p) {
-                keep = i + 1;
+                n = i + 1;
                 break;
             }
         }
-        n = keep;
     }
     if (p->min_p > 0.0f) {
-        const float floor = p->min_p * s->cand[0].logit;
+        const float floor = p->min_p * prob(&o, 0);
         int keep = 1;
-        while (keep < n && s->cand[keep].logit >= floor) keep++;
+        while (keep < n && prob(&o, keep) >= floor) keep++;
         n = keep;
     }
 
+    /* the kept mass: in order over what has probabilities, then the rest as it lies */
     double mass = 0.0;
-    for (int i = 0; i < n; i++) mass += s->cand[i].logit;
+    const int known = n < o.n_prob ? n : o.n_prob;
+    for (int i = 0; i < known; i++) mass += s->cand[i].logit;
+    for (int i = known; i < n; i++)
+        mass += (float)(s->e[s->cand[i].id] / o.sum);
     double r = next_unit(s->rng) * mass;
     for (int i = 0; i < n; i++) {
-        r -= s->cand[i].logit;
+        r -= prob(&o, i);
         if (r < 0.0) return s->cand[i].id;
     }
     return s->cand[n - 1].id;

@@ -3,13 +3,16 @@
  * Requests wait in a bounded FIFO; up to max_running of them hold a sequence at a time. Each
  * step is one forward pass over a batch drawn from every running request: a decode token each
  * first, then prompt chunks, oldest request first, within the step's token budget (config
- * "batch"): continuous batching with chunked prefill that never stalls decoding. A new request
- * joins between steps and first takes whatever prefix of its prompt the KV cache already holds;
- * a cancelled one leaves within one step and gives its blocks back.
+ * "batch"): continuous batching with chunked prefill that never stalls decoding. A waiting
+ * request joins between steps when the paged KV cache has free blocks for its tokens and a
+ * little decode room, beyond what the running requests still need for theirs; it first takes
+ * whatever prefix of its prompt the cache already holds. A cancelled request leaves within one
+ * step and gives its blocks back.
  *
- * When the paged KV cache runs out of blocks, the newest running request is preempted: its
- * blocks go back (the full ones stay findable by hash) and it recomputes its tokens later, so
- * running out is a delay, never a failure. */
+ * When decoding runs out of blocks anyway, the newest running request is preempted (vLLM's
+ * recompute preemption): its blocks go back (the full ones stay findable by hash) and it
+ * returns to the head of the queue, to be admitted again, and recompute its tokens, only when
+ * the cache has room for it. Running out is a delay, never a failure. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -26,12 +29,14 @@ struct request {
     void *owned;
     tmx_token_cb cb;
     void *arg;
-    struct tmx_seq *seq;
+    struct tmx_seq *seq;       /* NULL while waiting, and once finished */
     struct tmx_sampler *sampler;
     int32_t *tokens;  /* [n_prompt + max_tokens]: prompt, then generated */
     int n_tokens;     /* prompt + generated so far */
     int n_fed;        /* tokens in the sequence's KV cache */
     int n_gen;
+    int preempted;    /* blocks given back this step: reap returns it to the queue */
+    int requeued;     /* was preempted once: its prompt is not counted again */
     int cancelled;    /* under the lock */
     double t_submit, t_last;
     struct request *next;
@@ -45,9 +50,9 @@ struct tmx_serve {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     int stopping;                     /* under lock */
-    struct request *wait_head, *wait_tail; /* under lock */
+    struct request *wait_head, *wait_tail; /* under lock; ascending ids (arrival order) */
     int n_waiting;                    /* under lock */
-    struct request **running;         /* [max_running]; changed under the lock */
+    struct request **running;         /* [max_running] ascending ids; changed under the lock */
     int n_running;
     struct request **gone;            /* [max_running] scratch of reap */
     uint64_t next_id;                 /* under lock */
@@ -198,26 +203,76 @@ static int emit(struct tmx_serve *s, struct request *r, const float *logits) {
 
 /* --- the loop ------------------------------------------------------------------------------ */
 
-/* Moves waiting requests into free running slots; a request whose sequence cannot be made
- * finishes with an error. Called with the lock held; drops it around allocation. The running
- * set changes only under the lock (tmx_serve_cancel reads it). */
+static int div_up(int a, int b) { return (a + b - 1) / b; }
+
+/* Full-attention blocks r still has to take to hold its first n positions (a request without
+ * a sequence holds none). */
+static int blocks_to_hold(const struct request *r, int n, int block_size) {
+    const int held = r->seq ? div_up(tmx_seq_n_past(r->seq), block_size) : 0;
+    const int want = div_up(n, block_size);
+    return want > held ? want - held : 0;
+}
+
+/* Whether waiting request r, holding the cached prefix of its tokens, fits beside the running
+ * requests: the full-attention pool's free blocks cover what each of them still needs for the
+ * tokens it has, and the rest of r's tokens with up to a block of generation room. The
+ * sliding-window pool is left out: a sequence holds no more of it than of the full pool, plus
+ * a block, and a prompt chunk shrinks to what it has free. */
+static int fits(struct tmx_serve *s, const struct request *r) {
+    struct tmx_kv_usage u;
+    tmx_model_kv_usage(s->m, &u);
+    if (!u.full_total) return 1;
+    int free_blocks = u.full_total - u.full_used;
+    for (int i = 0; i < s->n_running; i++) {
+        const struct request *q = s->running[i];
+        if (q->seq) free_blocks -= blocks_to_hold(q, q->n_tokens, u.block_size);
+    }
+    const int to_go = r->p.max_tokens - r->n_gen;
+    const int room = to_go < u.block_size ? to_go : u.block_size;
+    return blocks_to_hold(r, r->n_tokens + room, u.block_size) <= free_blocks;
+}
+
+/* Moves waiting requests, in queue order, into the running set (kept in arrival order) while
+ * it has a free slot and the KV cache room for the head, which first takes the cached prefix
+ * of its tokens (with nothing running the head always fits: kv_tokens holds a context). The
+ * prompt's prefix-cache look-up is counted when the request comes in, not when it comes back
+ * after a preemption; it keeps its sampler then, so that its draws go on where they stopped.
+ * A request that cannot start finishes with an error (reap collects it). Called with the lock
+ * held, so that the head stays put while it is weighed; drops it to make the sampler. The
+ * running set changes only under the lock (tmx_serve_cancel reads it). */
 static void admit(struct tmx_serve *s) {
     while (s->wait_head && s->n_running < s->max_running) {
         struct request *r = s->wait_head;
+        char *err = NULL;
+        enum tmx_status st = tmx_seq_new(s->m, s->n_ctx, &r->seq, &err);
+        if (st == TMX_OK) {
+            r->n_fed = tmx_seq_prefix(r->seq, r->tokens, r->n_tokens);
+            if (s->n_running > 0 && !fits(s, r)) {
+                tmx_seq_free(r->seq); /* its blocks stay findable */
+                r->seq = NULL;
+                return;
+            }
+            if (!r->requeued) {
+                s->metrics.prefix_cache_queries += (uint64_t)r->n_tokens;
+                s->metrics.prefix_cache_hits += (uint64_t)r->n_fed;
+            }
+        }
         s->wait_head = r->next;
         if (!s->wait_head) s->wait_tail = NULL;
         s->n_waiting--;
+        int i = s->n_running++;
+        for (; i > 0 && s->running[i - 1]->id > r->id; i--) s->running[i] = s->running[i - 1];
+        s->running[i] = r;
         pthread_mutex_unlock(&s->lock);
-        char *err = NULL;
-        enum tmx_status st = tmx_seq_new(s->m, s->n_ctx, &r->seq, &err);
-        if (st == TMX_OK) st = tmx_sampler_new(&r->p.sampling, s->n_vocab, &r->sampler, &err);
+        if (st == TMX_OK && !r->sampler)
+            st = tmx_sampler_new(&r->p.sampling, s->n_vocab, &r->sampler, &err);
         if (st != TMX_OK) {
+            tmx_seq_free(r->seq);
+            r->seq = NULL;
             finish(s, r, TMX_FINISH_ERROR, err ? err : "out of memory");
-            free(err);
-            request_free(r);
         }
+        free(err);
         pthread_mutex_lock(&s->lock);
-        if (st == TMX_OK) s->running[s->n_running++] = r;
     }
 }
 
@@ -228,10 +283,11 @@ static int is_cancelled(struct tmx_serve *s, const struct request *r) {
     return c;
 }
 
-/* Gives r's blocks back; it recomputes its tokens when blocks are free again. */
+/* Gives r's blocks back now; reap returns it to the queue. */
 static void preempt(struct tmx_serve *s, struct request *r) {
     tmx_seq_reset(r->seq);
     r->n_fed = 0;
+    r->preempted = 1;
     pthread_mutex_lock(&s->lock);
     s->metrics.preemptions++;
     pthread_mutex_unlock(&s->lock);
@@ -249,11 +305,13 @@ static int victim(const struct tmx_serve *s, int i, int n_batched) {
     return -1;
 }
 
-/* Reserves n positions for running[i], preempting newer requests while the cache is full.
- * Returns 0 when even that does not make room. */
+/* Reserves positions for running[i]: n of them, or for a prompt chunk as many as the cache has
+ * blocks for (halving n), and preempts newer requests outside the step's batch while not even
+ * one fits. Returns the positions reserved; 0: none (the request waits for blocks). */
 static int reserve(struct tmx_serve *s, int i, int n, int n_batched) {
     for (;;) {
-        if (tmx_seq_reserve(s->running[i]->seq, n, NULL) == TMX_OK) return 1;
+        for (int m = n; m > 0; m /= 2)
+            if (tmx_seq_reserve(s->running[i]->seq, m, NULL) == TMX_OK) return m;
         const int v = victim(s, i, n_batched);
         if (v < 0) return 0;
         preempt(s, s->running[v]);
@@ -276,42 +334,41 @@ static void fail(struct tmx_serve *s, struct request *r, const char *msg) {
     r->seq = NULL;
 }
 
-/* One step: a decode token for every request past its prompt, then prompt chunks (a preempted
- * request's tokens count as prompt) within the token budget, as one forward pass. A request
- * that finishes or fails loses its sequence (reap collects it). */
+/* One step: a decode token for every request past its prompt, then prompt chunks (a
+ * recomputing request's tokens count as prompt) within the token budget, as one forward pass.
+ * A request that is cancelled, finishes or fails loses its sequence (reap collects it). */
 static void step(struct tmx_serve *s) {
-    int budget = s->n_batch, nb = 0;
+    int budget = s->n_batch, nb = 0, stalled = -1;
+    for (int i = 0; i < s->n_running; i++) { /* cancelled: ends before anyone waits on its blocks */
+        struct request *r = s->running[i];
+        if (r->seq && is_cancelled(s, r)) {
+            finish(s, r, TMX_FINISH_ABORT, NULL);
+            tmx_seq_free(r->seq);
+            r->seq = NULL;
+        }
+    }
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < s->n_running; i++) {
             struct request *r = s->running[i];
-            if (!r->seq || is_cancelled(s, r)) continue;
+            if (!r->seq || r->preempted) continue;
             const int left = r->n_tokens - r->n_fed;
             const int decoding = r->n_gen > 0 && left == 1;
-            if (decoding != (pass == 0) || left < 1 || budget <= 0) continue;
-            if (r->n_fed == 0 && tmx_seq_n_past(r->seq) == 0) { /* new or preempted */
-                r->n_fed = tmx_seq_prefix(r->seq, r->tokens, r->n_tokens);
-                pthread_mutex_lock(&s->lock);
-                s->metrics.prefix_cache_queries += (uint64_t)r->n_tokens;
-                s->metrics.prefix_cache_hits += (uint64_t)r->n_fed;
-                pthread_mutex_unlock(&s->lock);
+            if (decoding != (pass == 0) || budget <= 0) continue;
+            const int n = reserve(s, i, left < budget ? left : budget, nb);
+            if (n == 0) {
+                if (stalled < 0 || i < stalled) stalled = i;
+                continue;
             }
-            const int n = r->n_tokens - r->n_fed < budget ? r->n_tokens - r->n_fed : budget;
-            if (!reserve(s, i, n, nb)) continue; /* waits for blocks */
             batch_add(s, &nb, r, n);
             budget -= n;
         }
-    if (nb == 0) { /* nobody could get blocks: the newest holder makes room for the others */
-        for (int i = s->n_running - 1; i >= 0; i--) {
-            struct request *r = s->running[i];
-            if (r->seq && tmx_seq_n_past(r->seq) > 0) {
-                preempt(s, r);
-                return;
-            }
-        }
-        for (int i = 0; i < s->n_running; i++) /* nothing held, still no room: cannot fit */
-            if (s->running[i]->seq && !is_cancelled(s, s->running[i]))
-                fail(s, s->running[i], "the request needs more KV cache than the server has "
-                     "(config key kv_tokens)");
+    if (nb == 0) {
+        /* The oldest request that found no room preempted every newer one first, and the
+         * older ones hold nothing: it holds every block in use and still cannot grow. A cache
+         * of at least one context never gets here; this keeps a misfit from spinning. */
+        if (stalled >= 0)
+            fail(s, s->running[stalled], "the request needs more KV cache than the server has "
+                 "(config key kv_tokens)");
         return;
     }
     char *err = NULL;
@@ -338,14 +395,31 @@ static void step(struct tmx_serve *s) {
     pthread_mutex_unlock(&s->lock);
 }
 
-/* Drops finished and cancelled requests from the running set (cancelled ones get ABORT). */
+/* Puts preempted r back in the queue in arrival order, which is ahead of every request that
+ * has not run yet; it drops its sequence (empty) and keeps its sampler. Lock held. */
+static void requeue(struct tmx_serve *s, struct request *r) {
+    tmx_seq_free(r->seq);
+    r->seq = NULL;
+    r->preempted = 0;
+    r->requeued = 1;
+    struct request **pp = &s->wait_head;
+    while (*pp && (*pp)->id < r->id) pp = &(*pp)->next;
+    r->next = *pp;
+    *pp = r;
+    if (!r->next) s->wait_tail = r;
+    s->n_waiting++;
+}
+
+/* Drops finished and cancelled requests from the running set (those cancelled during the step
+ * get ABORT here) and returns preempted ones to the queue. */
 static void reap(struct tmx_serve *s, struct request **gone) {
     int kept = 0, n_gone = 0;
     pthread_mutex_lock(&s->lock);
     for (int i = 0; i < s->n_running; i++) {
         struct request *r = s->running[i];
-        if (r->seq && !r->cancelled) s->running[kept++] = r;
-        else gone[n_gone++] = r;
+        if (!r->seq || r->cancelled) gone[n_gone++] = r;
+        else if (r->preempted) requeue(s, r);
+        else s->running[kept++] = r;
     }
     s->n_running = kept;
     pthread_mutex_unlock(&s->lock);

@@ -1,4 +1,5 @@
-/* test_sampler.c: greedy, the filters, the draw's distribution, seeding, parameter checks. */
+/* test_sampler.c: greedy, the filters, the draw's distribution, seeding, parameter checks, and
+ * the partial sort against a reference that sorts the whole vocabulary. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -108,6 +109,118 @@ static void test_bad_parameters_are_named(void **state) {
     }
 }
 
+/* --- the reference: the sampler as it was written first, sorting every candidate ----------- */
+
+struct ref_cand {
+    float logit;
+    int32_t id;
+};
+
+static uint64_t ref_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t ref_splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double ref_next_unit(uint64_t *s) { /* xoshiro256**, 53 bits */
+    const uint64_t r = ref_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = ref_rotl(s[3], 45);
+    return (double)(r >> 11) * 0x1.0p-53;
+}
+
+static int ref_cmp(const void *a, const void *b) {
+    const struct ref_cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit < y->logit ? 1 : -1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int32_t ref_sample(const struct tmx_sampler_params *p, uint64_t *rng,
+                          struct ref_cand *cand, const float *logits, int n_vocab) {
+    int n = 0;
+    for (int i = 0; i < n_vocab; i++)
+        if (!isnan(logits[i]) && logits[i] != -INFINITY)
+            cand[n++] = (struct ref_cand){logits[i] / p->temperature, i};
+    qsort(cand, (size_t)n, sizeof *cand, ref_cmp);
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    const float max = cand[0].logit;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += exp((double)cand[i].logit - max);
+    for (int i = 0; i < n; i++) cand[i].logit = (float)(exp((double)cand[i].logit - max) / sum);
+    if (p->top_p < 1.0f) {
+        double mass = 0.0;
+        for (int i = 0; i < n; i++) {
+            mass += cand[i].logit;
+            if (mass >= p->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (p->min_p > 0.0f) {
+        const float floor = p->min_p * cand[0].logit;
+        int keep = 1;
+        while (keep < n && cand[keep].logit >= floor) keep++;
+        n = keep;
+    }
+    double mass = 0.0;
+    for (int i = 0; i < n; i++) mass += cand[i].logit;
+    double r = ref_next_unit(rng) * mass;
+    for (int i = 0; i < n; i++) {
+        r -= cand[i].logit;
+        if (r < 0.0) return cand[i].id;
+    }
+    return cand[n - 1].id;
+}
+
+/* The sampler sorts only the candidates its filters and draw reach: over vocabularies large
+ * enough for its sampled pivots, logits with many ties (rounded to quarters, or all equal),
+ * -inf and NaN, and every filter alone and together, it draws exactly the reference's tokens
+ * from the same seeds. */
+static void test_partial_sort_draws_what_a_full_sort_draws(void **state) {
+    (void)state;
+    enum { V = 6000, DRAWS = 12 };
+    static const struct tmx_sampler_params settings[] = {
+        {1.0f, 0, 1.0f, 0.0f, 1},   {0.7f, 0, 1.0f, 0.0f, 2},    {1.0f, 1, 1.0f, 0.0f, 3},
+        {1.0f, 40, 1.0f, 0.0f, 4},  {1.3f, 300, 1.0f, 0.0f, 5},  {1.0f, 0, 0.9f, 0.0f, 6},
+        {0.5f, 0, 0.5f, 0.0f, 7},   {2.0f, 0, 0.999f, 0.0f, 8},  {1.0f, 0, 1.0f, 0.05f, 9},
+        {1.0f, 50, 0.9f, 0.1f, 10}, {3.0f, 0, 0.95f, 0.01f, 11}, {1.0f, 5000, 0.8f, 0.0f, 12},
+    };
+    float *logits = malloc(V * sizeof *logits);
+    struct ref_cand *cand = malloc(V * sizeof *cand);
+    assert_non_null(logits);
+    assert_non_null(cand);
+    uint64_t gen = 77;
+    for (int shape = 0; shape < 3; shape++) {
+        for (int i = 0; i < V; i++) {
+            const double u = (double)(ref_splitmix64(&gen) >> 11) * 0x1.0p-53;
+            logits[i] = shape == 0 ? (float)(8.0 * u * u * u)            /* a few stand out */
+                      : shape == 1 ? roundf((float)(4.0 * u) * 4.0f) / 4.0f /* 17 distinct */
+                                   : 1.5f;                                /* all tied */
+        }
+        logits[17] = -INFINITY;
+        logits[4000] = NAN;
+        for (size_t k = 0; k < sizeof settings / sizeof settings[0]; k++) {
+            const struct tmx_sampler_params *p = &settings[k];
+            struct tmx_sampler *s = make(p->temperature, p->top_k, p->top_p, p->min_p, p->seed, V);
+            uint64_t seed = p->seed, rng[4];
+            for (int i = 0; i < 4; i++) rng[i] = ref_splitmix64(&seed);
+            for (int d = 0; d < DRAWS; d++)
+                assert_int_equal(tmx_sampler_sample(s, logits), ref_sample(p, rng, cand, logits, V));
+            tmx_sampler_free(s);
+        }
+    }
+    free(logits);
+    free(cand);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_takes_the_first_maximum),
@@ -116,6 +229,7 @@ int main(void) {
         cmocka_unit_test(test_nucleus_and_min_p_cut_the_tail),
         cmocka_unit_test(test_same_seed_same_draws),
         cmocka_unit_test(test_bad_parameters_are_named),
+        cmocka_unit_test(test_partial_sort_draws_what_a_full_sort_draws),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

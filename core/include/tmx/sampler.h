@@ -2,7 +2,10 @@
  *
  * Order as in llama.cpp / vLLM: temperature 0 is greedy (argmax, lowest id on ties); otherwise
  * logits / temperature -> top-k -> softmax -> top-p (nucleus) -> min-p (relative to the most
- * likely token) -> draw with a seeded PRNG. The sampler owns its scratch memory. */
+ * likely token) -> draw with a seeded PRNG. The filters and the draw walk the candidates from
+ * the most likely down, the lower id first among equal logits, and one draw takes one number
+ * from the PRNG. Time per draw: O(n_vocab) plus sorting the candidates the walk reaches. The
+ * sampler owns its scratch memory (16 bytes per vocabulary entry). */
 #ifndef TMX_SAMPLER_H
 #define TMX_SAMPLER_H
 

@@ -73,8 +73,11 @@ struct tmx_serve_metrics {
     uint64_t ttft_count[TMX_SERVE_N_BUCKETS], itl_count[TMX_SERVE_N_BUCKETS];
     double ttft_sum, itl_sum;
     double kv_usage;                       /* 0..1 */
-    uint64_t prefix_cache_queries, prefix_cache_hits; /* prompt tokens looked up, found */
-    uint64_t preemptions;                  /* requests sent back to recompute (KV cache full) */
+    /* prompt tokens looked up in the prefix cache and found there, once per request (when it
+     * is first admitted; not again when it comes back after a preemption) */
+    uint64_t prefix_cache_queries, prefix_cache_hits;
+    uint64_t preemptions;                  /* requests sent back to the queue to recompute
+                                              (KV cache full) */
 };
 
 /* Starts the scheduler thread. Config keys: max_running (sequences decoded together),
