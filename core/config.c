@@ -46,6 +46,7 @@ static const struct core_key {
     {"kv_tokens", KEY_INT, "TMX_KV_TOKENS", "0", 0, INT_MAX},
     {"prefix_cache", KEY_BOOL, "TMX_PREFIX_CACHE", "true", 0, 0},
     {"graphs", KEY_BOOL, "TMX_GRAPHS", "true", 0, 0},
+    {"tp", KEY_INT, "TMX_TP", "1", 1, 1024},
 };
 #define N_CORE_KEYS (sizeof core_keys / sizeof core_keys[0])
 
@@ -715,4 +716,10 @@ double tmx_opts_float(const struct tmx_opts *opts, const char *name) {
 int tmx_opts_bool(const struct tmx_opts *opts, const char *name) {
     const struct opt_value *v = opt_find(opts, name, TMX_OPT_BOOL);
     return v ? v->u.b : 0;
+}
+
+int tmx_opts_set_int(struct tmx_opts *opts, const char *name, int64_t value) {
+    struct opt_value *v = (struct opt_value *)opt_find(opts, name, TMX_OPT_INT);
+    if (v) v->u.i = value;
+    return v != NULL;
 }

@@ -17,12 +17,12 @@
 
 enum conform_op {
     OP_EMBED, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_KV_STORE, OP_ATTENTION, OP_MOE_ROUTE,
-    OP_MOE_EXPERTS, OP_SWIGLU, OP_ADD_GATED, OP_GATHER,
+    OP_MOE_EXPERTS, OP_SWIGLU, OP_ADD_GATED, OP_GATHER, OP_MOE_EXPERTS_PARTIAL, OP_MOE_COMBINE,
 };
 
 /* Variant flags. */
-#define NO_WEIGHT 1u    /* rmsnorm, add_gated: no weight; moe_route: no bias; moe_experts: no
-                           post norm */
+#define NO_WEIGHT 1u    /* rmsnorm, add_gated: no weight; moe_route: no bias; moe_experts,
+                           moe_combine: no post norm */
 #define IN_PLACE 2u     /* rmsnorm: out = x; swiglu: out = gate */
 #define SOFTMAX 4u      /* moe_route: softmax scores (default sigmoid) */
 #define NO_NORM_TOPK 8u /* moe_route: weights not divided by their sum */
@@ -177,6 +177,22 @@ static const struct spec specs[] = {
     {"add_gated/bf16/n2-d33", OP_ADD_GATED, BF16, 0, .n = 2, .d = 33},
     {"add_gated/f16/n1-d8", OP_ADD_GATED, F16, 0, .n = 1, .d = 8},
     {"add_gated/none/n4-d17", OP_ADD_GATED, F32, NO_WEIGHT, .n = 4, .d = 17},
+
+    {"moe_experts_partial/f32/n1-e8-k4-l32-i48", OP_MOE_EXPERTS_PARTIAL, F32, 0, .n = 1,
+     .n_exp = 8, .top_k = 4, .latent = 32, .inter = 48},
+    {"moe_experts_partial/bf16-rank/n7-e6-k3-l40-i16", OP_MOE_EXPERTS_PARTIAL, BF16, 0, .n = 7,
+     .n_exp = 6, .top_k = 3, .expert0 = 2, .latent = 40, .inter = 16},
+    {"moe_experts_partial/f16/n9-e4-k2-l16-i64", OP_MOE_EXPERTS_PARTIAL, F16, 0, .n = 9,
+     .n_exp = 4, .top_k = 2, .latent = 16, .inter = 64},
+    {"moe_experts_partial/bf16/n48-e16-k4-l64-i32", OP_MOE_EXPERTS_PARTIAL, BF16, 0, .n = 48,
+     .n_exp = 16, .top_k = 4, .latent = 64, .inter = 32},
+
+    {"moe_combine/f32/n1-k4-l32", OP_MOE_COMBINE, F32, 0, .n = 1, .top_k = 4, .latent = 32},
+    {"moe_combine/bf16/n13-k2-l100", OP_MOE_COMBINE, BF16, 0, .n = 13, .top_k = 2,
+     .latent = 100},
+    {"moe_combine/f16/n5-k8-l64", OP_MOE_COMBINE, F16, 0, .n = 5, .top_k = 8, .latent = 64},
+    {"moe_combine/nopost/n6-k3-l24", OP_MOE_COMBINE, F32, NO_WEIGHT, .n = 6, .top_k = 3,
+     .latent = 24},
 
     {"gather/n1-m7-d64", OP_GATHER, F32, 0, .n = 1, .m = 7, .d = 64},
     {"gather/n12-m5-d33", OP_GATHER, F32, 0, .n = 12, .m = 5, .d = 33},
@@ -809,18 +825,21 @@ static void moe_route_run(struct tmx_conform_case *c) {
 /* --- moe_experts ------------------------------------------------------------------------------ */
 
 /* Each token picks top_k distinct ids among expert0 + n_exp + 2, so that with expert0 > 0 some
- * fall outside this rank's experts on both sides and must be skipped. */
+ * fall outside this rank's experts on both sides and must be skipped. moe_experts_partial
+ * (no routing weights, no post norm) writes each pair's y_e to its own row: zeros for a
+ * skipped pair. */
 static enum tmx_status moe_experts_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
+    const int partial = s->op == OP_MOE_EXPERTS_PARTIAL;
     int ne = s->n_exp, k = s->top_k, lat = s->latent, inter = s->inter, range = s->expert0 + ne + 2;
     const float *z = input(c, (size_t)s->n * lat, -1, 1, &c->arg[0]);
-    const float *pw = input(c, (size_t)s->n * k, 0.1, 1, &c->arg[2]);
+    const float *pw = partial ? NULL : input(c, (size_t)s->n * k, 0.1, 1, &c->arg[2]);
     int32_t *ids = host_alloc(c, (size_t)s->n * k * sizeof *ids);
     int *pool = host_alloc(c, (size_t)range * sizeof *pool);
     struct tmx_tensor *wt = host_alloc(c, 3 * (size_t)ne * sizeof *wt);
     const double **wv = host_alloc(c, 3 * (size_t)ne * sizeof *wv);
     double *hid = host_alloc(c, (size_t)inter * sizeof *hid), *y = host_alloc(c, lat * sizeof *y);
-    if (!z || !pw || !ids || !pool || !wt || !wv || !hid || !y) return c->status;
+    if (!z || (!pw && !partial) || !ids || !pool || !wt || !wv || !hid || !y) return c->status;
     for (int t = 0; t < s->n; t++) { /* partial Fisher-Yates over the id range */
         for (int e = 0; e < range; e++) pool[e] = e;
         for (int q = 0; q < k; q++) {
@@ -837,10 +856,11 @@ static enum tmx_status moe_experts_new(struct tmx_conform_case *c) {
         wv[2 * ne + e] = weight(c, s->dt, lat, inter, -a_out, a_out, &wt[2 * ne + e]);
     }
     const double *post = NULL;
-    if (!(s->flags & NO_WEIGHT)) post = weight(c, s->dt, lat, 0, 0.5, 1.5, &c->w);
+    if (!(s->flags & NO_WEIGHT) && !partial) post = weight(c, s->dt, lat, 0, 0.5, 1.5, &c->w);
     c->arg[1] = upload(c, ids, (size_t)s->n * k * sizeof *ids);
-    c->arg[3] = buffer(c, (size_t)s->n * lat * sizeof(float));
-    double *ref = output(c, c->arg[3], (size_t)s->n * lat, TMX_DTYPE_F32);
+    const size_t rows = (size_t)s->n * (partial ? k : 1);
+    c->arg[3] = buffer(c, rows * lat * sizeof(float));
+    double *ref = output(c, c->arg[3], rows * lat, TMX_DTYPE_F32);
     if (!ref || c->status != TMX_OK) return c->status;
     c->moe = (struct tmx_moe_weights){ne, s->expert0, lat, inter, wt, wt + ne, wt + 2 * ne,
                                       post ? &c->w : NULL, EPS};
@@ -865,6 +885,10 @@ static enum tmx_status moe_experts_new(struct tmx_conform_case *c) {
                 for (int i = 0; i < inter; i++) y[d] += down[(size_t)d * inter + i] * hid[i];
                 ss += y[d] * y[d];
             }
+            if (partial) {
+                memcpy(ref + ((size_t)t * k + q) * lat, y, (size_t)lat * sizeof *y);
+                continue;
+            }
             double inv = post ? 1 / sqrt(ss / lat + EPS) : 1;
             for (int d = 0; d < lat; d++)
                 ref[(size_t)t * lat + d] += pw[t * k + q] * y[d] * inv * (post ? post[d] : 1);
@@ -875,6 +899,49 @@ static enum tmx_status moe_experts_new(struct tmx_conform_case *c) {
 static void moe_experts_run(struct tmx_conform_case *c) {
     c->ops->moe_experts(c->ctx, c->arg[3], c->arg[0], c->arg[1], c->arg[2], c->s->n,
                         c->s->top_k, &c->moe);
+}
+
+static void moe_experts_partial_run(struct tmx_conform_case *c) {
+    c->ops->moe_experts_partial(c->ctx, c->arg[3], c->arg[0], c->arg[1], c->s->n, c->s->top_k,
+                                &c->moe);
+}
+
+/* --- moe_combine ------------------------------------------------------------------------------ */
+
+/* Pair rows of several magnitudes (one of them tiny, where eps matters), so that the norm is
+ * what brings them together. */
+static enum tmx_status moe_combine_new(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    const int k = s->top_k, lat = s->latent;
+    float *ye = host_alloc(c, (size_t)s->n * k * lat * sizeof *ye);
+    const float *pw = input(c, (size_t)s->n * k, 0.1, 1, &c->arg[1]);
+    if (!ye || !pw) return c->status;
+    for (size_t r = 0; r < (size_t)s->n * k; r++) {
+        const double mag = r % 5 == 4 ? 1e-3 : uniform(c, 0.1, 8);
+        for (int d = 0; d < lat; d++) ye[r * lat + d] = (float)(mag * uniform(c, -1, 1));
+    }
+    c->arg[0] = upload(c, ye, (size_t)s->n * k * lat * sizeof *ye);
+    const double *post = NULL;
+    if (!(s->flags & NO_WEIGHT)) post = weight(c, s->dt, lat, 0, 0.5, 1.5, &c->w);
+    c->arg[2] = buffer(c, (size_t)s->n * lat * sizeof(float));
+    double *ref = output(c, c->arg[2], (size_t)s->n * lat, TMX_DTYPE_F32);
+    if (!ref || !c->arg[0] || c->status != TMX_OK) return c->status;
+    for (int t = 0; t < s->n; t++)
+        for (int q = 0; q < k; q++) {
+            const float *y = ye + ((size_t)t * k + q) * lat;
+            double ss = 0;
+            for (int d = 0; d < lat; d++) ss += (double)y[d] * y[d];
+            double inv = post ? 1 / sqrt(ss / lat + EPS) : 1;
+            for (int d = 0; d < lat; d++)
+                ref[(size_t)t * lat + d] += pw[t * k + q] * y[d] * inv * (post ? post[d] : 1);
+        }
+    return TMX_OK;
+}
+
+static void moe_combine_run(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    c->ops->moe_combine(c->ctx, c->arg[2], c->arg[0], c->arg[1], s->n, s->top_k, s->latent,
+                        s->flags & NO_WEIGHT ? NULL : &c->w, EPS);
 }
 
 /* --- swiglu ----------------------------------------------------------------------------------- */
@@ -968,6 +1035,11 @@ static const struct {
     [OP_ADD_GATED] = {"add_gated", offsetof(struct tmx_kernels_i, add_gated), 1e-6,
                       add_gated_new, add_gated_run},
     [OP_GATHER] = {"gather", offsetof(struct tmx_kernels_i, gather), 0, gather_new, gather_run},
+    [OP_MOE_EXPERTS_PARTIAL] = {"moe_experts_partial",
+                                offsetof(struct tmx_kernels_i, moe_experts_partial), 2e-5,
+                                moe_experts_new, moe_experts_partial_run},
+    [OP_MOE_COMBINE] = {"moe_combine", offsetof(struct tmx_kernels_i, moe_combine), 1e-5,
+                        moe_combine_new, moe_combine_run},
 };
 
 /* Whether the set's table is large enough to hold the op and the op is non-NULL. */

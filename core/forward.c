@@ -8,12 +8,19 @@
  * Cache layout. Layers of one attention kind form a group that shares block ids: block b of a
  * full-attention layer and block b of every other full-attention layer hold the same positions
  * of the same sequence. Group 0 holds the full-attention layers, group 1 the sliding-window
- * ones, whose sequences give blocks back once every position in them has left the window. */
+ * ones, whose sequences give blocks back once every position in them has left the window.
+ *
+ * Tensor parallelism (docs/tp.md). Every rank runs forward_step on its slice of the weights
+ * with the same tokens; the step's host arrays travel from rank 0 in one message, and the
+ * ranks meet in one all-reduce after the embedding, after each attention block and after each
+ * MLP, and in an all-gather of the logits. Block management stays on rank 0: the others only
+ * ever see block tables. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model-impl.h"
+#include "tmx/log.h"
 
 enum { FULL = 0, SLIDING = 1, N_GROUPS = 2 };
 
@@ -22,7 +29,19 @@ struct group {
     int window;               /* positions a query sees; 0: all */
     int32_t *slot;            /* device [n_batch] cache row of each token of the step */
     int32_t *tables;          /* device [max_seqs][max_blocks] block tables of the step */
-    int32_t *slot_host, *tables_host;
+};
+
+/* What rank 0 broadcasts before each step's arrays. */
+enum { CMD_STEP = 1, CMD_QUIT = 2 };
+struct step_head {
+    int32_t cmd, n, n_seqs, n_rows; /* tokens, sequences, rows whose logits are read */
+};
+
+/* A step's host arrays, views of kv->msg packed in this order so that one broadcast carries
+ * them all: tok, pos, seq [n]; the groups' slots [n]; rows [n_rows]; the groups' tables
+ * [n_seqs][max_blocks]. */
+struct step_arrays {
+    int32_t *tok, *pos, *seq, *slot[N_GROUPS], *rows, *tables[N_GROUPS];
 };
 
 struct kv_state {
@@ -40,8 +59,14 @@ struct kv_state {
     float *rl, *rw;              /* [B][n_experts] router logits, [B][top_k] routing weights */
     int32_t *rid;                /* [B][top_k] routed expert ids */
     float *z, *y;                /* [B][moe_latent] */
-    float *hn, *logits;          /* [max_seqs][hidden], [max_seqs][vocab_size] */
-    int32_t *pos_host, *seq_host, *rows_host; /* [B], [B], [B] */
+    float *hn, *logits;          /* [max_seqs][hidden], [max_seqs][vocab slice] */
+    float *part;                 /* TP: [B][top_k * moe_latent + hidden] each pair's partial
+                                    y_e, then the shared expert's partial output */
+    float *logits_all;           /* TP: [ranks][max_seqs][vocab_stride] gathered logits */
+    int32_t *msg;                /* host: the step's arrays (struct step_arrays) */
+    int32_t *tok_host;           /* host TP: [B] token ids as rows of this rank's embedding */
+    float *gathered;             /* host TP, rank 0: logits_all read back */
+    int32_t *status;             /* host TP: [ranks] each rank's status after a step */
     void **graphs;               /* [max_seqs + 1] decode step of n sequences, recorded once */
 };
 
@@ -55,6 +80,22 @@ struct tmx_seq {
 };
 
 static int div_up(int a, int b) { return (a + b - 1) / b; }
+
+/* Points a into kv->msg for a step of h; returns the int32 count. */
+static size_t step_arrays(const struct kv_state *kv, const struct step_head *h,
+                          struct step_arrays *a) {
+    const size_t n = (size_t)h->n, tables = (size_t)h->n_seqs * kv->max_blocks;
+    int32_t *p = kv->msg;
+    a->tok = p;
+    a->pos = p + n;
+    a->seq = p + 2 * n;
+    a->slot[FULL] = p + 3 * n;
+    a->slot[SLIDING] = p + 4 * n;
+    a->rows = p + 5 * n;
+    a->tables[FULL] = a->rows + h->n_rows;
+    a->tables[SLIDING] = a->tables[FULL] + tables;
+    return 5 * n + (size_t)h->n_rows + 2 * tables;
+}
 
 /* --- the cache ----------------------------------------------------------------------------- */
 
@@ -93,9 +134,9 @@ static enum tmx_status cache_init(struct tmx_model *m, struct kv_state *kv, char
         struct tmx_kv_cache *kc = &kv->cache[l];
         *kc = (struct tmx_kv_cache){.dtype = o->dtype,
                                     .n_blocks = tmx_kv_pool_n_blocks(kv->g[g].pool),
-                                    .block_size = o->block_size, .hkv = c->n_kv_heads,
+                                    .block_size = o->block_size, .hkv = m->tp.hkv,
                                     .hd = c->head_dim};
-        const size_t rows = (size_t)kc->n_blocks * o->block_size * c->n_kv_heads;
+        const size_t rows = (size_t)kc->n_blocks * o->block_size * m->tp.hkv;
         const size_t nb = rows * c->head_dim * tmx_dtype_size(o->dtype);
         if ((st = dev_alloc(m, &kc->k, nb, err)) == TMX_OK) st = dev_alloc(m, &kc->v, nb, err);
         if (st == TMX_OK && scaled && (st = dev_alloc(m, &kc->k_scale, rows * 4, err)) == TMX_OK)
@@ -106,12 +147,11 @@ static enum tmx_status cache_init(struct tmx_model *m, struct kv_state *kv, char
 
 static enum tmx_status step_buffers_init(struct tmx_model *m, struct kv_state *kv, char **err) {
     const struct tmx_model_config *c = &m->cfg;
+    const struct tp_shard *tp = &m->tp;
     const size_t B = (size_t)kv->opt.n_batch, S = (size_t)kv->opt.max_seqs, F = sizeof(float);
-    const size_t D = (size_t)c->hidden, V = (size_t)c->vocab_size;
-    const size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    size_t ffn = (size_t)c->intermediate_size;
-    if ((size_t)c->n_shared_experts * c->moe_intermediate_size > ffn)
-        ffn = (size_t)c->n_shared_experts * c->moe_intermediate_size;
+    const size_t D = (size_t)c->hidden, V = (size_t)tp->vocab_stride, R = (size_t)tp->n;
+    const size_t qd = (size_t)tp->hq * c->head_dim, kvd = (size_t)tp->hkv * c->head_dim;
+    const size_t ffn = (size_t)(tp->ffn > tp->shared ? tp->ffn : tp->shared);
     const size_t E = (size_t)c->n_routed_experts, K = (size_t)c->n_experts_per_tok,
                  lat = (size_t)c->moe_latent_size, T = S * (size_t)kv->max_blocks * 4;
     struct {
@@ -131,24 +171,26 @@ static enum tmx_status step_buffers_init(struct tmx_model *m, struct kv_state *k
     enum tmx_status st = TMX_OK;
     for (size_t i = 0; st == TMX_OK && i < sizeof bufs / sizeof bufs[0]; i++)
         st = dev_alloc(m, bufs[i].pp, bufs[i].nbytes, err);
-    kv->pos_host = malloc(B * 4);
-    kv->seq_host = malloc(B * 4);
-    kv->rows_host = malloc(B * 4);
-    for (int g = 0; g < N_GROUPS; g++) {
-        kv->g[g].slot_host = malloc(B * 4);
-        kv->g[g].tables_host = malloc(T);
+    if (st == TMX_OK && R > 1) {
+        st = dev_alloc(m, &kv->part, B * (K * lat + D) * F, err);
+        if (st == TMX_OK) st = dev_alloc(m, &kv->logits_all, R * S * V * F, err);
+        kv->tok_host = malloc(B * 4);
+        kv->gathered = malloc(R * S * V * F);
+        kv->status = malloc(R * 4);
+        if (st == TMX_OK && (!kv->tok_host || !kv->gathered || !kv->status))
+            st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
-    if (st == TMX_OK && (!kv->pos_host || !kv->seq_host || !kv->rows_host ||
-                         !kv->g[0].slot_host || !kv->g[0].tables_host ||
-                         !kv->g[1].slot_host || !kv->g[1].tables_host))
-        st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    kv->msg = malloc(6 * B * 4 + 2 * T);
+    if (st == TMX_OK && !kv->msg) st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     return st;
 }
 
 /* Decode steps are recorded once per batch size and replayed when the kernel set can record
- * them and no layer needs the host between ops (a codec without a device path). */
+ * them, no layer needs the host between ops (a codec without a device path) and the model is
+ * one rank (collectives stay outside recorded graphs). */
 static int graphs_usable(const struct tmx_model *m) {
     const struct tmx_kernels_i *op = m->k->ops;
+    if (m->tp.n > 1) return 0;
     if (!TMX_OPS_HAS(op, graph_begin) || !TMX_OPS_HAS(op, graph_end) ||
         !TMX_OPS_HAS(op, graph_launch) || !TMX_OPS_HAS(op, graph_free))
         return 0;
@@ -216,16 +258,13 @@ void tmx_model_kv_free(struct tmx_model *m) {
     void *bufs[] = {kv->tok, kv->pos, kv->seq, kv->rows, kv->h, kv->x, kv->o, kv->q, kv->att,
                     kv->kk, kv->vv, kv->f1, kv->f2, kv->rl, kv->rw, kv->rid, kv->z, kv->y,
                     kv->hn, kv->logits, kv->g[0].slot, kv->g[0].tables, kv->g[1].slot,
-                    kv->g[1].tables};
+                    kv->g[1].tables, kv->part, kv->logits_all};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(m, bufs[i]);
-    for (int g = 0; g < N_GROUPS; g++) {
-        tmx_kv_pool_free(kv->g[g].pool);
-        free(kv->g[g].slot_host);
-        free(kv->g[g].tables_host);
-    }
-    free(kv->pos_host);
-    free(kv->seq_host);
-    free(kv->rows_host);
+    for (int g = 0; g < N_GROUPS; g++) tmx_kv_pool_free(kv->g[g].pool);
+    free(kv->msg);
+    free(kv->tok_host);
+    free(kv->gathered);
+    free(kv->status);
     free(kv->cache);
     free(kv);
     m->kv = NULL;
@@ -251,6 +290,9 @@ enum tmx_status tmx_model_set_capture(struct tmx_model *m, tmx_capture_fn fn, vo
     if (fn && !(m->k->plugin->caps & TMX_CAP_HOST_MEMORY))
         return tmx_err(err, TMX_ERR_UNSUPPORTED, "kernel set %s: its buffers are not host "
                        "memory, so a forward pass cannot be captured", m->k->plugin->name);
+    if (fn && m->tp.n > 1)
+        return tmx_err(err, TMX_ERR_UNSUPPORTED, "a model of tp = %d ranks cannot be captured: "
+                       "calibrate at tp = 1", m->tp.n);
     m->capture = fn;
     m->capture_arg = arg;
     return TMX_OK;
@@ -413,51 +455,119 @@ enum tmx_status tmx_seq_reserve(struct tmx_seq *s, int n, char **err) {
 
 static const struct tmx_tensor *opt(const struct tmx_tensor *t) { return t->data ? t : NULL; }
 
+/* buf[count] (a kernel-set buffer) <- its sum over the ranks; nothing with one rank. */
+static enum tmx_status reduce(struct tmx_model *m, float *buf, size_t count, char **err) {
+    if (m->tp.n == 1) return TMX_OK;
+    return tmx_comm_allreduce_sum(m->tp.data, buf, count, TMX_DTYPE_F32, err);
+}
+
 /* The routed experts of layer l: dense experts through the kernel set, or the codec's, on the
- * device or on host memory. */
+ * device or on host memory, into kv->y. With several ranks, each pair's partial y_e into
+ * kv->part [n][k][latent] instead (the load refused a codec device path then). */
 static enum tmx_status experts(struct tmx_model *m, const struct layer *ly, int n, char **err) {
     const struct tmx_model_config *c = &m->cfg;
     const struct tmx_kernels_i *op = m->k->ops;
     struct kv_state *kv = m->kv;
     void *kc = m->k->ctx;
     const float eps = (float)c->rms_norm_eps;
+    const int K = c->n_experts_per_tok, tp = m->tp.n > 1;
     if (!ly->codec_layer) {
-        op->moe_experts(kc, kv->y, kv->z, kv->rid, kv->rw, n, c->n_experts_per_tok, &ly->moe);
+        if (tp) op->moe_experts_partial(kc, kv->part, kv->z, kv->rid, n, K, &ly->moe);
+        else op->moe_experts(kc, kv->y, kv->z, kv->rid, kv->rw, n, K, &ly->moe);
         return TMX_OK;
     }
     if (ly->codec_dev) {
         void *stream = TMX_OPS_HAS(op, native_stream) ? op->native_stream(kc) : NULL;
         return m->codec_ops->device_moe_experts(m->codec_ctx, ly->codec_dev, stream, kv->y,
-                                                kv->z, kv->rid, kv->rw, n,
-                                                c->n_experts_per_tok, opt(&ly->post_norm), eps,
-                                                err);
+                                                kv->z, kv->rid, kv->rw, n, K,
+                                                opt(&ly->post_norm), eps, err);
     }
     /* the codec's host path reads the buffers: finish the queued ops first */
     enum tmx_status st = op->sync(kc);
     if (st != TMX_OK)
         return tmx_err(err, st, "kernel set %s failed during the forward pass",
                        m->k->plugin->name);
+    if (tp)
+        return m->codec_ops->moe_experts_partial(m->codec_ctx, ly->codec_layer, kv->part, kv->z,
+                                                 kv->rid, n, K, err);
     return m->codec_ops->moe_experts(m->codec_ctx, ly->codec_layer, kv->y, kv->z, kv->rid,
-                                     kv->rw, n, c->n_experts_per_tok, opt(&ly->post_norm), eps,
-                                     err);
+                                     kv->rw, n, K, opt(&ly->post_norm), eps, err);
 }
 
-/* One step over n tokens already in kv->tok, pos, seq and the groups' slots and tables, from
- * n_seqs sequences. Leaves the final hidden states (before the final norm) in kv->h. */
-static enum tmx_status forward_step(struct tmx_model *m, int n, char **err) {
+/* The MoE block of layer ly on kv->x into kv->o. One rank: the experts' weighted sum, through
+ * bridge_out, plus the shared expert. Several: each rank's partial pair outputs and partial
+ * shared-expert output, side by side in kv->part, are summed in one all-reduce; then every rank
+ * applies the post-expert norm and the routing weights (nonlinear in y_e, so only after the
+ * sum), bridge_out and the shared expert's addition to the same numbers. */
+static enum tmx_status moe_block(struct tmx_model *m, const struct layer *ly, int l, int n,
+                                 enum tmx_status *failed, char **err) {
     const struct tmx_model_config *c = &m->cfg;
     const struct tmx_kernels_i *op = m->k->ops;
     struct kv_state *kv = m->kv;
     void *kc = m->k->ctx;
-    const int D = c->hidden, hq = c->n_heads, hkv = c->n_kv_heads, hd = c->head_dim;
-    const float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)hd);
+    const int D = c->hidden, K = c->n_experts_per_tok, lat = c->moe_latent_size;
+    const int tp = m->tp.n > 1;
+    op->matmul(kc, kv->rl, kv->x, &ly->router, n);
+    op->moe_route(kc, kv->rid, kv->rw, kv->rl, opt(&ly->router_bias), n, c->n_routed_experts, K,
+                  c->router_score, c->norm_topk_prob, (float)c->routed_scaling_factor);
+    op->matmul(kc, kv->z, kv->x, &ly->bridge_in, n);
+    if (m->capture) { /* calibration, one rank: the buffers are host memory (set_capture) */
+        const struct tmx_moe_capture cap = {l, n, K, kv->x, kv->z, kv->rid, kv->rw};
+        enum tmx_status st = op->sync(kc);
+        if (st != TMX_OK)
+            return tmx_err(err, st, "kernel set %s failed during the forward pass",
+                           m->k->plugin->name);
+        if ((st = m->capture(m->capture_arg, &cap, err)) != TMX_OK) return st;
+    }
+    /* A failure of this rank's own work stops one rank at once; with several the step goes on
+     * to its end, so that every rank makes the same collectives, and reports the first. */
+    enum tmx_status st = experts(m, ly, n, *failed ? NULL : err);
+    if (st != TMX_OK && !tp) return st;
+    if (st != TMX_OK && *failed == TMX_OK) *failed = st;
+    if (*failed) err = NULL; /* the message is the first failure's */
+    float *shared = tp ? kv->part + (size_t)n * K * lat : kv->x; /* [n][D] */
+    if (ly->gate.data) { /* shared expert on the hidden state */
+        const int64_t f = ly->gate.shape[0];
+        op->matmul(kc, kv->f1, kv->x, &ly->gate, n);
+        op->matmul(kc, kv->f2, kv->x, &ly->up, n);
+        op->swiglu(kc, kv->f1, kv->f1, kv->f2, n * f);
+        op->matmul(kc, shared, kv->f1, &ly->down, n);
+    }
+    if (tp) {
+        const size_t count = (size_t)n * K * lat + (ly->gate.data ? (size_t)n * D : 0);
+        if ((st = reduce(m, kv->part, count, err)) != TMX_OK) return st;
+        op->moe_combine(kc, kv->y, kv->part, kv->rw, n, K, lat, opt(&ly->post_norm),
+                        (float)c->rms_norm_eps);
+    }
+    op->matmul(kc, kv->o, kv->y, &ly->bridge_out, n);
+    if (ly->gate.data) op->add_gated(kc, kv->o, shared, NULL, n, D);
+    return TMX_OK;
+}
 
+/* One step over n tokens already in kv->tok, pos, seq and the groups' slots and tables, from
+ * n_seqs sequences. Leaves the final hidden states (before the final norm) in kv->h. Each
+ * all-reduce sums the ranks' partial results of a split weight: the embedding's rows, the
+ * attention output projection's columns, the MLP's down projection's columns. Returns a
+ * failure that ends the step; *failed gets one that lets it run on (a codec's, with several
+ * ranks), with its message in *err. */
+static enum tmx_status forward_step(struct tmx_model *m, int n, enum tmx_status *failed,
+                                    char **err) {
+    const struct tmx_model_config *c = &m->cfg;
+    const struct tmx_kernels_i *op = m->k->ops;
+    struct kv_state *kv = m->kv;
+    void *kc = m->k->ctx;
+    const int D = c->hidden, hq = m->tp.hq, hkv = m->tp.hkv, hd = c->head_dim;
+    const float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)hd);
+    enum tmx_status st;
+
+    *failed = TMX_OK;
     op->embed(kc, kv->h, &m->embed, kv->tok, n);
+    if ((st = reduce(m, kv->h, (size_t)n * D, err)) != TMX_OK) return st;
     for (int l = 0; l < c->n_layers; l++) {
         const struct layer *ly = &m->layers[l];
         const struct group *gr = &kv->g[c->sliding[l] ? SLIDING : FULL];
 
-        /* attention */
+        /* attention over this rank's heads */
         op->rmsnorm(kc, kv->x, kv->h, &ly->attn_norm, n, D, eps);
         op->matmul(kc, kv->q, kv->x, &ly->wq, n);
         op->matmul(kc, kv->kk, kv->x, &ly->wk, n);
@@ -471,6 +581,7 @@ static enum tmx_status forward_step(struct tmx_model *m, int n, char **err) {
         op->attention(kc, kv->att, kv->q, &kv->cache[l], gr->tables, kv->max_blocks, kv->seq,
                       kv->pos, n, hq, gr->window, scale);
         op->matmul(kc, kv->o, kv->att, &ly->wo, n);
+        if ((st = reduce(m, kv->o, (size_t)n * D, *failed ? NULL : err)) != TMX_OK) return st;
         op->add_gated(kc, kv->h, kv->o, opt(&ly->attn_gate), n, D);
 
         /* MLP: dense SwiGLU, or routed experts behind the bridges */
@@ -481,83 +592,160 @@ static enum tmx_status forward_step(struct tmx_model *m, int n, char **err) {
             op->matmul(kc, kv->f2, kv->x, &ly->up, n);
             op->swiglu(kc, kv->f1, kv->f1, kv->f2, n * f);
             op->matmul(kc, kv->o, kv->f1, &ly->down, n);
+            st = reduce(m, kv->o, (size_t)n * D, *failed ? NULL : err);
         } else {
-            op->matmul(kc, kv->rl, kv->x, &ly->router, n);
-            op->moe_route(kc, kv->rid, kv->rw, kv->rl, opt(&ly->router_bias), n,
-                          c->n_routed_experts, c->n_experts_per_tok, c->router_score,
-                          c->norm_topk_prob, (float)c->routed_scaling_factor);
-            op->matmul(kc, kv->z, kv->x, &ly->bridge_in, n);
-            if (m->capture) { /* calibration: the buffers are host memory (set_capture) */
-                const struct tmx_moe_capture cap = {l, n, c->n_experts_per_tok, kv->x, kv->z,
-                                                    kv->rid, kv->rw};
-                enum tmx_status st = op->sync(kc);
-                if (st != TMX_OK)
-                    return tmx_err(err, st, "kernel set %s failed during the forward pass",
-                                   m->k->plugin->name);
-                if ((st = m->capture(m->capture_arg, &cap, err)) != TMX_OK) return st;
-            }
-            enum tmx_status st = experts(m, ly, n, err);
-            if (st != TMX_OK) return st;
-            op->matmul(kc, kv->o, kv->y, &ly->bridge_out, n);
-            if (ly->gate.data) { /* shared expert on the hidden state */
-                const int64_t f = ly->gate.shape[0];
-                op->matmul(kc, kv->f1, kv->x, &ly->gate, n);
-                op->matmul(kc, kv->f2, kv->x, &ly->up, n);
-                op->swiglu(kc, kv->f1, kv->f1, kv->f2, n * f);
-                op->matmul(kc, kv->x, kv->f1, &ly->down, n);
-                op->add_gated(kc, kv->o, kv->x, NULL, n, D);
-            }
+            st = moe_block(m, ly, l, n, failed, err);
         }
+        if (st != TMX_OK) return st;
         op->add_gated(kc, kv->h, kv->o, opt(&ly->mlp_gate), n, D);
     }
     return TMX_OK;
 }
 
-/* Logits of the r token rows of kv->h listed in kv->rows into kv->logits[r][vocab_size]. */
+/* Logits of the r token rows of kv->h listed in kv->rows into kv->logits[r][vocab slice]. */
 static void logits_rows(struct tmx_model *m, int r) {
     const struct tmx_model_config *c = &m->cfg;
     const struct tmx_kernels_i *op = m->k->ops;
     struct kv_state *kv = m->kv;
     void *kc = m->k->ctx;
-    const struct tmx_tensor *head = c->tie_word_embeddings ? &m->embed : &m->lm_head;
+    const struct tmx_tensor *head = m->lm_head.data ? &m->lm_head : &m->embed;
     op->gather(kc, kv->hn, kv->h, kv->rows, r, c->hidden);
     op->rmsnorm(kc, kv->hn, kv->hn, &m->final_norm, r, c->hidden, (float)c->rms_norm_eps);
     op->matmul(kc, kv->logits, kv->hn, head, r);
 }
 
-/* The whole step on n tokens with logits of n_rows rows (rows_host), eagerly or, for a decode
- * step of n sequences, through the graph recorded for n. */
+/* kv->logits of r rows -> logits[r][vocab_size] (NULL: a follower, which only sends). With
+ * several ranks each has [r][its vocab rows]; the all-gather puts them side by side. */
+static enum tmx_status read_logits(struct tmx_model *m, int r, float *logits, char **err) {
+    const struct tmx_kernels_i *op = m->k->ops;
+    const struct tp_shard *tp = &m->tp;
+    struct kv_state *kv = m->kv;
+    void *kc = m->k->ctx;
+    const int V = m->cfg.vocab_size, stride = tp->vocab_stride;
+    if (tp->n == 1) return op->buf_read(kc, logits, kv->logits, (size_t)r * V * sizeof *logits);
+    const size_t part = (size_t)r * stride * sizeof(float); /* [r][vocab_n] of each rank */
+    enum tmx_status st = tmx_comm_allgather(tp->data, kv->logits, kv->logits_all, part, err);
+    if (st != TMX_OK || !logits) return st;
+    if ((st = op->buf_read(kc, kv->gathered, kv->logits_all, part * tp->n)) != TMX_OK) return st;
+    for (int q = 0; q < tp->n; q++) {
+        const int vn = q == tp->n - 1 ? V - stride * q : stride;
+        const float *src = kv->gathered + (size_t)q * r * stride;
+        for (int i = 0; i < r; i++)
+            memcpy(logits + (size_t)i * V + (size_t)q * stride, src + (size_t)i * vn,
+                   (size_t)vn * sizeof *logits);
+    }
+    return TMX_OK;
+}
+
+/* The whole step on n tokens with logits of n_rows rows (rows), eagerly or, for a decode step
+ * of n sequences, through the graph recorded for n. */
 static enum tmx_status run_step(struct tmx_model *m, int n, int n_rows, int decode,
-                                float *logits, char **err) {
+                                const int32_t *rows, float *logits, char **err) {
     const struct tmx_kernels_i *op = m->k->ops;
     struct kv_state *kv = m->kv;
     void *kc = m->k->ctx;
-    const size_t row = (size_t)m->cfg.vocab_size * sizeof(float);
-    enum tmx_status st;
-    if (decode && kv->graphs) {
-        if ((st = op->buf_write(kc, kv->rows, kv->rows_host, (size_t)n * 4)) != TMX_OK) return st;
+    const size_t V = (size_t)m->cfg.vocab_size;
+    enum tmx_status st, failed;
+    if (decode && kv->graphs) { /* one rank: nothing fails and runs on */
+        if ((st = op->buf_write(kc, kv->rows, rows, (size_t)n * 4)) != TMX_OK) return st;
         if (!kv->graphs[n]) {
             if ((st = op->graph_begin(kc)) != TMX_OK) return st;
-            st = forward_step(m, n, err);
+            st = forward_step(m, n, &failed, err);
             if (st == TMX_OK) logits_rows(m, n);
             enum tmx_status end = op->graph_end(kc, &kv->graphs[n]);
             if (st != TMX_OK) return st;
             if (end != TMX_OK) return end;
         }
         if ((st = op->graph_launch(kc, kv->graphs[n])) != TMX_OK) return st;
-        return op->buf_read(kc, logits, kv->logits, (size_t)n * row);
+        return op->buf_read(kc, logits, kv->logits, (size_t)n * V * sizeof *logits);
     }
-    if ((st = forward_step(m, n, err)) != TMX_OK) return st;
+    /* a failure of this rank's own work comes back after the step's collectives (TP) */
+    if ((st = forward_step(m, n, &failed, err)) != TMX_OK) return st;
     for (int done = 0; done < n_rows; done += kv->opt.max_seqs) { /* max_seqs rows at a time */
         const int r = n_rows - done < kv->opt.max_seqs ? n_rows - done : kv->opt.max_seqs;
-        st = op->buf_write(kc, kv->rows, kv->rows_host + done, (size_t)r * 4);
-        if (st != TMX_OK) return st;
+        if ((st = op->buf_write(kc, kv->rows, rows + done, (size_t)r * 4)) != TMX_OK) return st;
         logits_rows(m, r);
-        st = op->buf_read(kc, logits + (size_t)done * m->cfg.vocab_size, kv->logits,
-                          (size_t)r * row);
+        st = read_logits(m, r, logits ? logits + (size_t)done * V : NULL, failed ? NULL : err);
         if (st != TMX_OK) return st;
     }
+    return failed;
+}
+
+/* The step described by h and kv->msg, on every rank: uploads, runs, syncs (logits NULL on a
+ * follower). Every failure comes with a message. */
+static enum tmx_status run_shared(struct tmx_model *m, const struct step_head *h, float *logits,
+                                  char **err) {
+    const struct tmx_kernels_i *op = m->k->ops;
+    const struct tp_shard *tp = &m->tp;
+    struct kv_state *kv = m->kv;
+    void *kc = m->k->ctx;
+    const int N = h->n, mb = kv->max_blocks;
+    struct step_arrays a;
+    step_arrays(kv, h, &a);
+    const int32_t *tok = a.tok;
+    if (tp->n > 1) { /* ids of other ranks read this rank's zero row */
+        for (int i = 0; i < N; i++) {
+            const int32_t t = a.tok[i] - tp->vocab0;
+            kv->tok_host[i] = t >= 0 && t < tp->vocab_n ? t : tp->vocab_n;
+        }
+        tok = kv->tok_host;
+    }
+    enum tmx_status st = op->buf_write(kc, kv->tok, tok, (size_t)N * 4);
+    if (st == TMX_OK) st = op->buf_write(kc, kv->pos, a.pos, (size_t)N * 4);
+    if (st == TMX_OK) st = op->buf_write(kc, kv->seq, a.seq, (size_t)N * 4);
+    for (int g = 0; st == TMX_OK && g < N_GROUPS; g++) {
+        if (!kv->g[g].pool) continue;
+        st = op->buf_write(kc, kv->g[g].slot, a.slot[g], (size_t)N * 4);
+        if (st == TMX_OK)
+            st = op->buf_write(kc, kv->g[g].tables, a.tables[g], (size_t)h->n_seqs * mb * 4);
+    }
+    if (st != TMX_OK) return tmx_err(err, st, "kernel set: cannot upload the step's tokens");
+    const int decode = N == h->n_seqs && h->n_rows == h->n_seqs && !m->capture;
+    char *ferr = NULL; /* set only by a failure that has its own message */
+    st = run_step(m, N, h->n_rows, decode, a.rows, logits, &ferr);
+    if (ferr) {
+        if (err) *err = ferr;
+        else free(ferr);
+        return st;
+    }
+    if (st == TMX_OK) st = op->sync(kc);
+    if (st != TMX_OK)
+        return tmx_err(err, st, "kernel set %s failed during the forward pass: %s",
+                       m->k->plugin->name, tmx_status_str(st));
     return TMX_OK;
+}
+
+/* Rank 0 after a step: learns every rank's status (the followers send theirs in
+ * tmx_model_follow) and reports a follower's failure when it has none of its own (the
+ * follower logged its message). One rank: st. */
+static enum tmx_status agree(struct tmx_model *m, enum tmx_status st, char **err) {
+    const struct tp_shard *tp = &m->tp;
+    if (tp->n == 1) return st;
+    const int32_t mine = (int32_t)st;
+    char *cerr = NULL;
+    enum tmx_status cs = tmx_comm_allgather(tp->ctl, &mine, m->kv->status, sizeof mine, &cerr);
+    if (cs != TMX_OK) {
+        if (st == TMX_OK && err) *err = cerr;
+        else free(cerr);
+        return st != TMX_OK ? st : cs;
+    }
+    for (int r = 0; st == TMX_OK && r < tp->n; r++)
+        if (m->kv->status[r] != TMX_OK)
+            return tmx_err(err, (enum tmx_status)m->kv->status[r], "rank %d of tp = %d failed "
+                           "during the forward pass: %s (its message is in the log)", r, tp->n,
+                           tmx_status_str((enum tmx_status)m->kv->status[r]));
+    return st;
+}
+
+/* Rank 0 hands the step in h and kv->msg to the followers. */
+static enum tmx_status share(struct tmx_model *m, struct step_head *h, char **err) {
+    if (m->tp.n == 1) return TMX_OK;
+    struct step_arrays a;
+    const size_t count = step_arrays(m->kv, h, &a);
+    enum tmx_status st = tmx_comm_broadcast(m->tp.ctl, h, sizeof *h, 0, err);
+    if (st == TMX_OK && h->cmd == CMD_STEP)
+        st = tmx_comm_broadcast(m->tp.ctl, m->kv->msg, count * 4, 0, err);
+    return st;
 }
 
 /* tmx_model_step, with the logits of every token instead when all_rows. */
@@ -565,9 +753,7 @@ static enum tmx_status step(struct tmx_model *m, struct tmx_seq *const *seqs,
                             const int32_t *const *tokens, const int *n, int n_seqs, int all_rows,
                             float *logits, char **err) {
     const struct tmx_model_config *c = &m->cfg;
-    const struct tmx_kernels_i *op = m->k->ops;
     struct kv_state *kv = m->kv;
-    void *kc = m->k->ctx;
     const int bs = kv->opt.block_size, mb = kv->max_blocks;
     if (n_seqs < 1 || n_seqs > kv->opt.max_seqs)
         return tmx_err(err, TMX_ERR_INVALID, "step: %d sequences outside [1, %d]", n_seqs,
@@ -581,53 +767,48 @@ static enum tmx_status step(struct tmx_model *m, struct tmx_seq *const *seqs,
         if (s->n_past + n[i] > s->n_ctx)
             return tmx_err(err, TMX_ERR_INVALID, "context full: %d tokens in the sequence + %d "
                            "new > context %d", s->n_past, n[i], s->n_ctx);
+        N += n[i];
+    }
+    struct step_head h = {CMD_STEP, N, n_seqs, all_rows ? N : n_seqs};
+    struct step_arrays a;
+    step_arrays(kv, &h, &a);
+    for (int i = 0, at = 0; i < n_seqs; at += n[i++]) {
+        const struct tmx_seq *s = seqs[i];
         for (int j = 0; j < n[i]; j++) {
             const int32_t t = tokens[i][j], p = s->n_past + j;
             if (t < 0 || t >= c->vocab_size)
                 return tmx_err(err, TMX_ERR_INVALID, "token id %d out of range [0, %d)", t,
                                c->vocab_size);
             for (int g = 0; g < N_GROUPS; g++) {
+                a.slot[g][at + j] = -1;
                 if (!kv->g[g].pool) continue;
                 const int b = s->table[g][p / bs];
                 if (b < 0)
                     return tmx_err(err, TMX_ERR_INVALID, "step: position %d has no KV block "
                                    "(tmx_seq_reserve first)", p);
-                kv->g[g].slot_host[N + j] = b * bs + p % bs;
+                a.slot[g][at + j] = b * bs + p % bs;
             }
-            kv->pos_host[N + j] = p;
-            kv->seq_host[N + j] = i;
+            a.tok[at + j] = t;
+            a.pos[at + j] = p;
+            a.seq[at + j] = i;
         }
         for (int g = 0; g < N_GROUPS; g++)
-            memcpy(kv->g[g].tables_host + (size_t)i * mb, s->table[g], (size_t)mb * 4);
-        if (!all_rows) kv->rows_host[i] = N + n[i] - 1;
-        N += n[i];
+            memcpy(a.tables[g] + (size_t)i * mb, s->table[g], (size_t)mb * 4);
+        if (!all_rows) a.rows[i] = at + n[i] - 1;
     }
-    for (int j = 0; all_rows && j < N; j++) kv->rows_host[j] = j;
+    for (int j = 0; all_rows && j < N; j++) a.rows[j] = j;
 
-    enum tmx_status st = TMX_OK;
-    for (int i = 0, at = 0; st == TMX_OK && i < n_seqs; at += n[i++])
-        st = op->buf_write(kc, kv->tok + at, tokens[i], (size_t)n[i] * 4);
-    if (st == TMX_OK) st = op->buf_write(kc, kv->pos, kv->pos_host, (size_t)N * 4);
-    if (st == TMX_OK) st = op->buf_write(kc, kv->seq, kv->seq_host, (size_t)N * 4);
-    for (int g = 0; st == TMX_OK && g < N_GROUPS; g++) {
-        if (!kv->g[g].pool) continue;
-        st = op->buf_write(kc, kv->g[g].slot, kv->g[g].slot_host, (size_t)N * 4);
-        if (st == TMX_OK)
-            st = op->buf_write(kc, kv->g[g].tables, kv->g[g].tables_host, (size_t)n_seqs * mb * 4);
+    char *ferr = NULL;
+    enum tmx_status st = share(m, &h, &ferr);
+    if (st == TMX_OK) {
+        st = run_shared(m, &h, logits, &ferr);
+        st = agree(m, st, ferr ? NULL : &ferr);
     }
-    if (st != TMX_OK) return tmx_err(err, st, "kernel set: cannot upload the step's tokens");
-    char *ferr = NULL; /* set only by a failure that has its own message */
-    st = run_step(m, N, all_rows ? N : n_seqs, N == n_seqs && !all_rows && !m->capture, logits,
-                  &ferr);
-    if (ferr) {
+    if (st != TMX_OK) {
         if (err) *err = ferr;
         else free(ferr);
         return st;
     }
-    if (st == TMX_OK) st = op->sync(kc);
-    if (st != TMX_OK)
-        return tmx_err(err, st, "kernel set %s failed during the forward pass: %s",
-                       m->k->plugin->name, tmx_status_str(st));
     for (int i = 0; i < n_seqs; i++) {
         struct tmx_seq *s = seqs[i];
         memcpy(s->tokens + s->n_past, tokens[i], (size_t)n[i] * sizeof *s->tokens);
@@ -641,6 +822,9 @@ static enum tmx_status step(struct tmx_model *m, struct tmx_seq *const *seqs,
 enum tmx_status tmx_model_step(struct tmx_model *m, struct tmx_seq *const *seqs,
                                const int32_t *const *tokens, const int *n, int n_seqs,
                                float *logits, char **err) {
+    if (m->tp.rank != 0)
+        return tmx_err(err, TMX_ERR_INVALID, "step: rank %d follows rank 0's steps "
+                       "(tmx_model_follow)", m->tp.rank);
     return step(m, seqs, tokens, n, n_seqs, 0, logits, err);
 }
 
@@ -648,6 +832,9 @@ enum tmx_status tmx_seq_forward(struct tmx_seq *s, const int32_t *tokens, int n,
                                 int all_rows, char **err) {
     const struct kv_state *kv = s->m->kv;
     const int V = s->m->cfg.vocab_size;
+    if (s->m->tp.rank != 0)
+        return tmx_err(err, TMX_ERR_INVALID, "forward: rank %d follows rank 0's steps "
+                       "(tmx_model_follow)", s->m->tp.rank);
     if (n < 1) return tmx_err(err, TMX_ERR_INVALID, "forward: no tokens");
     if (s->n_past + n > s->n_ctx)
         return tmx_err(err, TMX_ERR_INVALID, "context full: %d tokens in the sequence + %d new "
@@ -662,4 +849,41 @@ enum tmx_status tmx_seq_forward(struct tmx_seq *s, const int32_t *tokens, int n,
         done += chunk;
     }
     return TMX_OK;
+}
+
+/* --- the followers ------------------------------------------------------------------------- */
+
+enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
+    struct kv_state *kv = m->kv;
+    if (m->tp.rank == 0 || !kv)
+        return tmx_err(err, TMX_ERR_INVALID, "follow: only ranks 1..%d with a KV cache follow "
+                       "rank 0", m->tp.n - 1);
+    for (;;) {
+        struct step_head h;
+        enum tmx_status st = tmx_comm_broadcast(m->tp.ctl, &h, sizeof h, 0, err);
+        if (st != TMX_OK || h.cmd == CMD_QUIT) return st;
+        if (h.cmd != CMD_STEP || h.n < 1 || h.n > kv->opt.n_batch || h.n_seqs < 1 ||
+            h.n_seqs > kv->opt.max_seqs || h.n_rows < 1 || h.n_rows > h.n)
+            return tmx_err(err, TMX_ERR_INVALID, "rank %d: a step from rank 0 with command "
+                           "%d, %d tokens, %d sequences, %d rows does not fit this rank's "
+                           "cache (were all ranks set up alike?)", m->tp.rank, (int)h.cmd,
+                           (int)h.n, (int)h.n_seqs, (int)h.n_rows);
+        struct step_arrays a;
+        const size_t count = step_arrays(kv, &h, &a);
+        if ((st = tmx_comm_broadcast(m->tp.ctl, kv->msg, count * 4, 0, err)) != TMX_OK)
+            return st;
+        char *ferr = NULL;
+        st = run_shared(m, &h, NULL, &ferr);
+        if (st != TMX_OK) tmx_log(TMX_LOG_ERROR, "rank %d: %s", m->tp.rank, ferr ? ferr : "?");
+        free(ferr);
+        const int32_t mine = (int32_t)st; /* to rank 0's agree() */
+        if ((st = tmx_comm_allgather(m->tp.ctl, &mine, kv->status, sizeof mine, err)) != TMX_OK)
+            return st;
+    }
+}
+
+enum tmx_status tmx_model_stop(struct tmx_model *m, char **err) {
+    if (m->tp.n == 1 || m->tp.rank != 0) return TMX_OK;
+    struct step_head h = {CMD_QUIT, 0, 0, 0};
+    return share(m, &h, err);
 }

@@ -19,10 +19,23 @@ struct layer {
     void *codec_dev;                              /* its device copy (codec device path) */
 };
 
+/* This rank's part of a tensor-parallel model (docs/tp.md); n = 1: the whole model. Widths
+ * are this rank's: the global ones are in cfg. */
+struct tp_shard {
+    int rank, n;
+    tmx_comm_t *ctl, *data;         /* borrowed; NULL when n = 1 */
+    int hq, hkv;                    /* query and KV heads */
+    int ffn, shared, inter;         /* dense MLP, shared expert, routed expert intermediates */
+    int vocab0, vocab_n;            /* embedding and lm_head rows [vocab0, vocab0 + vocab_n) */
+    int vocab_stride;               /* ceil(vocab_size / n): rank r's rows start at r times it */
+};
+
 struct tmx_model {
     struct tmx_model_config cfg;
+    struct tp_shard tp;
     const struct tmx_kernels *k;
-    struct tmx_tensor embed, final_norm, lm_head;
+    struct tmx_tensor embed, final_norm, lm_head; /* TP: embed has a zero row appended; a
+                                                     tied lm_head is bound too */
     struct layer *layers;                         /* [n_layers] */
     float *inv_freq_full, *inv_freq_local;        /* device, [head_dim/2] */
     struct tmx_tensor **imported;                 /* every tensor to weight_free */

@@ -1,7 +1,9 @@
 /* model.c: loading a Muse (or Llama) checkpoint onto a kernel set (docs/model.md).
  *
  * Loading binds every tensor by name, checks its shape, and imports it into the kernel set;
- * routed experts go to the checkpoint's codec when it has one. The KV cache, sequences and the
+ * routed experts go to the checkpoint's codec when it has one. A rank of a tensor-parallel
+ * model binds its slice of each split weight (docs/tp.md): row slices are views of the
+ * mmapped tensor, column slices copies the model owns. The KV cache, sequences and the
  * forward step are in forward.c. */
 #include <jansson.h>
 #include <math.h>
@@ -50,11 +52,48 @@ static enum tmx_status expand_mxfp8(struct tmx_model *m, const struct tmx_checkp
     return TMX_OK;
 }
 
-/* Binds `name` to *dev: looks it up, checks dtype and shape, imports it. A missing optional
- * tensor leaves dev->data NULL. Shape dims < 0 end the list. */
-static enum tmx_status bind(struct tmx_model *m, const struct tmx_checkpoint *ck,
-                            struct tmx_tensor *dev, int optional, char **err, const char *name,
-                            int64_t d0, int64_t d1) {
+/* A rank's slice of a 2-D weight: rows [lo, lo + len) or columns [lo, lo + len); zero_row
+ * appends a row of zeros (the embedding's, for ids of other ranks). */
+struct cut {
+    int cols;
+    int64_t lo, len;
+    int zero_row;
+};
+
+/* host <- the cut of host: rows are a view of the same data, unless a zero row is appended;
+ * columns and the zero row make a copy the model owns. */
+static enum tmx_status cut_weight(struct tmx_model *m, const char *name, const struct cut *c,
+                                  struct tmx_tensor *host, char **err) {
+    const size_t es = tmx_dtype_size(host->dtype);
+    const int64_t rows = host->shape[0], cols = host->shape[1];
+    if (!c->cols && !c->zero_row) {
+        host->data = (char *)host->data + (size_t)(c->lo * cols) * es;
+        host->shape[0] = c->len;
+        return TMX_OK;
+    }
+    const int64_t out_rows = c->cols ? rows : c->len + c->zero_row, out_cols = c->cols ? c->len
+                                                                                        : cols;
+    char *dst = own(m, (size_t)(out_rows * out_cols) * es);
+    if (!dst) return tmx_err(err, TMX_ERR_NOMEM, "out of memory slicing %s", name);
+    const char *src = host->data;
+    if (c->cols) {
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(dst + (size_t)(r * out_cols) * es, src + (size_t)(r * cols + c->lo) * es,
+                   (size_t)out_cols * es);
+    } else {
+        memcpy(dst, src + (size_t)(c->lo * cols) * es, (size_t)(c->len * cols) * es);
+        memset(dst + (size_t)(c->len * cols) * es, 0, (size_t)cols * es);
+    }
+    *host = (struct tmx_tensor){host->dtype, 2, {out_rows, out_cols}, dst};
+    return TMX_OK;
+}
+
+/* Binds `name` to *dev: looks it up, checks dtype and shape, cuts this rank's slice (cut NULL:
+ * all of it), imports it. A missing optional tensor leaves dev->data NULL. Shape dims < 0 end
+ * the list. */
+static enum tmx_status bind_cut(struct tmx_model *m, const struct tmx_checkpoint *ck,
+                                struct tmx_tensor *dev, int optional, const struct cut *cut,
+                                char **err, const char *name, int64_t d0, int64_t d1) {
     struct tmx_tensor host;
     memset(dev, 0, sizeof *dev);
     if (tmx_checkpoint_find(ck, name, &host) != 0)
@@ -77,6 +116,10 @@ static enum tmx_status bind(struct tmx_model *m, const struct tmx_checkpoint *ck
         return tmx_err(err, TMX_ERR_UNSUPPORTED, "%s: tensor %s is %s; dense weights must be "
                        "F32, BF16, F16 or MXFP8", tmx_checkpoint_dir(ck), name,
                        tmx_dtype_name(host.dtype));
+    if (cut && ndim == 2) {
+        enum tmx_status st = cut_weight(m, name, cut, &host, err);
+        if (st != TMX_OK) return st;
+    }
     if (m->n_imported == m->cap_imported) {
         int cap = m->cap_imported ? 2 * m->cap_imported : 256;
         struct tmx_tensor **p = realloc(m->imported, (size_t)cap * sizeof *p);
@@ -87,6 +130,20 @@ static enum tmx_status bind(struct tmx_model *m, const struct tmx_checkpoint *ck
     enum tmx_status st = m->k->ops->weight_import(m->k->ctx, &host, dev, err);
     if (st == TMX_OK) m->imported[m->n_imported++] = dev;
     return st;
+}
+
+static enum tmx_status bind(struct tmx_model *m, const struct tmx_checkpoint *ck,
+                            struct tmx_tensor *dev, int optional, char **err, const char *name,
+                            int64_t d0, int64_t d1) {
+    return bind_cut(m, ck, dev, optional, NULL, err, name, d0, d1);
+}
+
+/* Rank r's part of n equal parts of `width` rows (cols 0) or columns (cols 1); NULL with one
+ * rank, which binds the whole weight. */
+static const struct cut *part(const struct tmx_model *m, struct cut *c, int cols, int64_t width) {
+    if (m->tp.n == 1) return NULL;
+    *c = (struct cut){cols, width * m->tp.rank, width, 0};
+    return c;
 }
 
 #define NAME(buf, ...) (snprintf(buf, sizeof buf, __VA_ARGS__), buf)
@@ -119,18 +176,25 @@ static enum tmx_status bind_bias(struct tmx_model *m, const struct tmx_checkpoin
 static enum tmx_status bind_layer(struct tmx_model *m, const struct tmx_checkpoint *ck, int l,
                                   char **err) {
     const struct tmx_model_config *c = &m->cfg;
+    const struct tp_shard *tp = &m->tp;
     struct layer *ly = &m->layers[l];
     const int64_t d = c->hidden, qd = (int64_t)c->n_heads * c->head_dim,
                   kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    const int64_t qs = (int64_t)tp->hq * c->head_dim, kvs = (int64_t)tp->hkv * c->head_dim;
     char n[256];
+    struct cut cut;
     enum tmx_status st;
 #define B(t, opt, d0, d1, ...) \
     if ((st = bind(m, ck, &ly->t, opt, err, NAME(n, __VA_ARGS__), d0, d1))) return st
+#define C(t, cols, w, d0, d1, ...) \
+    if ((st = bind_cut(m, ck, &ly->t, 0, part(m, &cut, cols, w), err, NAME(n, __VA_ARGS__), d0, \
+                       d1)))                                                                  \
+    return st
     B(attn_norm, 0, d, -1, "model.layers.%d.input_layernorm.weight", l);
-    B(wq, 0, qd, d, "model.layers.%d.self_attn.q_proj.weight", l);
-    B(wk, 0, kvd, d, "model.layers.%d.self_attn.k_proj.weight", l);
-    B(wv, 0, kvd, d, "model.layers.%d.self_attn.v_proj.weight", l);
-    B(wo, 0, d, qd, "model.layers.%d.self_attn.o_proj.weight", l);
+    C(wq, 0, qs, qd, d, "model.layers.%d.self_attn.q_proj.weight", l);
+    C(wk, 0, kvs, kvd, d, "model.layers.%d.self_attn.k_proj.weight", l);
+    C(wv, 0, kvs, kvd, d, "model.layers.%d.self_attn.v_proj.weight", l);
+    C(wo, 1, qs, d, qd, "model.layers.%d.self_attn.o_proj.weight", l);
     B(q_norm, 1, c->head_dim, -1, "model.layers.%d.self_attn.q_norm.weight", l);
     B(k_norm, 1, c->head_dim, -1, "model.layers.%d.self_attn.k_norm.weight", l);
     B(mlp_norm, 0, d, -1, "model.layers.%d.post_attention_layernorm.weight", l);
@@ -140,9 +204,9 @@ static enum tmx_status bind_layer(struct tmx_model *m, const struct tmx_checkpoi
     }
     if (c->dense[l]) {
         const int64_t f = c->intermediate_size;
-        B(gate, 0, f, d, "model.layers.%d.mlp.gate_proj.weight", l);
-        B(up, 0, f, d, "model.layers.%d.mlp.up_proj.weight", l);
-        B(down, 0, d, f, "model.layers.%d.mlp.down_proj.weight", l);
+        C(gate, 0, tp->ffn, f, d, "model.layers.%d.mlp.gate_proj.weight", l);
+        C(up, 0, tp->ffn, f, d, "model.layers.%d.mlp.up_proj.weight", l);
+        C(down, 1, tp->ffn, d, f, "model.layers.%d.mlp.down_proj.weight", l);
         return TMX_OK;
     }
     const int64_t E = c->n_routed_experts, lat = c->moe_latent_size,
@@ -152,16 +216,19 @@ static enum tmx_status bind_layer(struct tmx_model *m, const struct tmx_checkpoi
     B(bridge_out, 0, d, lat, "model.layers.%d.mlp.bridge_out.weight", l);
     B(post_norm, 1, lat, -1, "model.layers.%d.mlp.post_expert_norm.weight", l);
     if (fs > 0) {
-        B(gate, 0, fs, d, "model.layers.%d.mlp.shared_experts.gate_proj.weight", l);
-        B(up, 0, fs, d, "model.layers.%d.mlp.shared_experts.up_proj.weight", l);
-        B(down, 0, d, fs, "model.layers.%d.mlp.shared_experts.down_proj.weight", l);
+        C(gate, 0, tp->shared, fs, d, "model.layers.%d.mlp.shared_experts.gate_proj.weight", l);
+        C(up, 0, tp->shared, fs, d, "model.layers.%d.mlp.shared_experts.up_proj.weight", l);
+        C(down, 1, tp->shared, d, fs, "model.layers.%d.mlp.shared_experts.down_proj.weight", l);
     }
 #undef B
+#undef C
     if ((st = bind_bias(m, ck, ly, l, err))) return st;
     if (m->codec) {
         const struct tmx_codec_layer_info info = {tmx_checkpoint_dir(ck), l, (int)E, (int)lat,
                                                   (int)f};
-        st = m->codec_ops->layer_load(m->codec_ctx, &info, &ly->codec_layer, err);
+        st = tp->n > 1 ? m->codec_ops->layer_load_slice(m->codec_ctx, &info, tp->rank, tp->n,
+                                                        &ly->codec_layer, err)
+                       : m->codec_ops->layer_load(m->codec_ctx, &info, &ly->codec_layer, err);
         if (st == TMX_OK && !(m->k->plugin->caps & TMX_CAP_HOST_MEMORY)) {
             const struct tmx_kernels_i *op = m->k->ops;
             void *stream = TMX_OPS_HAS(op, native_stream) ? op->native_stream(m->k->ctx) : NULL;
@@ -175,13 +242,13 @@ static enum tmx_status bind_layer(struct tmx_model *m, const struct tmx_checkpoi
     static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
     for (int p = 0; p < 3; p++)
         for (int e = 0; e < E; e++) {
-            st = bind(m, ck, &ly->experts[p * E + e], 0, err,
-                      NAME(n, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj[p]),
-                      p < 2 ? f : lat, p < 2 ? lat : f);
+            st = bind_cut(m, ck, &ly->experts[p * E + e], 0, part(m, &cut, p == 2, tp->inter),
+                          err, NAME(n, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj[p]),
+                          p < 2 ? f : lat, p < 2 ? lat : f);
             if (st) return st;
         }
     ly->moe = (struct tmx_moe_weights){
-        .n_experts = (int)E, .expert0 = 0, .latent = (int)lat, .inter = (int)f,
+        .n_experts = (int)E, .expert0 = 0, .latent = (int)lat, .inter = tp->inter,
         .gate = ly->experts, .up = ly->experts + E, .down = ly->experts + 2 * E,
         .post_norm = ly->post_norm.data ? &ly->post_norm : NULL, .eps = (float)c->rms_norm_eps};
     return TMX_OK;
@@ -264,24 +331,108 @@ static enum tmx_status open_codec(struct tmx_model *m, const char *dir, struct t
     return st;
 }
 
-enum tmx_status tmx_model_load(const struct tmx_checkpoint *ck, const struct tmx_kernels *k,
-                               struct tmx_plugins *ps, struct tmx_model **out, char **err) {
+/* This rank's widths, after checking that every split one divides into the ranks: heads and
+ * KV heads, the dense and shared MLPs, and the routed experts along 16-wide tile rows (a
+ * codec checks its own boundaries when it opens a layer). The vocabulary goes in parts of
+ * ceil(vocab_size / n), the last one shorter. */
+static enum tmx_status plan_shard(struct tmx_model *m, const char *dir, int rank, int n,
+                                  char **err) {
+    const struct tmx_model_config *c = &m->cfg;
+    struct tp_shard *tp = &m->tp;
+    int has_dense = 0, has_moe = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        has_dense |= c->dense[l];
+        has_moe |= !c->dense[l];
+    }
+    const struct {
+        const char *field;
+        int64_t value, unit; /* value must be a multiple of n * unit */
+        int used;
+    } split[] = {
+        {"num_attention_heads", c->n_heads, 1, 1},
+        {"num_key_value_heads", c->n_kv_heads, 1, 1},
+        {"intermediate_size", c->intermediate_size, 1, has_dense},
+        {"moe_intermediate_size", c->moe_intermediate_size, m->codec ? 1 : 16, has_moe},
+    };
+    for (size_t i = 0; n > 1 && i < sizeof split / sizeof split[0]; i++)
+        if (split[i].used && split[i].value % (n * split[i].unit))
+            return tmx_err(err, TMX_ERR_INVALID, "%s/config.json: %s = %lld does not split "
+                           "into tp = %d ranks%s", dir, split[i].field,
+                           (long long)split[i].value, n,
+                           split[i].unit > 1 ? " on 16-wide tile boundaries" : "");
+    const int stride = (c->vocab_size + n - 1) / n;
+    if (stride * (n - 1) >= c->vocab_size)
+        return tmx_err(err, TMX_ERR_INVALID, "%s/config.json: vocab_size = %d is too small for "
+                       "tp = %d ranks", dir, c->vocab_size, n);
+    *tp = (struct tp_shard){
+        .rank = rank, .n = n, .hq = c->n_heads / n, .hkv = c->n_kv_heads / n,
+        .ffn = c->intermediate_size / n,
+        .shared = c->n_shared_experts * c->moe_intermediate_size / n,
+        .inter = c->moe_intermediate_size / n, .vocab0 = stride * rank,
+        .vocab_n = rank == n - 1 ? c->vocab_size - stride * rank : stride,
+        .vocab_stride = stride};
+    if (n == 1 || !has_moe) return TMX_OK;
+    const struct tmx_kernels_i *op = m->k->ops;
+    if (!TMX_OPS_HAS(op, moe_experts_partial) || !TMX_OPS_HAS(op, moe_combine))
+        return tmx_err(err, TMX_ERR_UNSUPPORTED, "kernel set %s has no tensor-parallel ops "
+                       "(moe_experts_partial, moe_combine): it runs tp = 1 only",
+                       m->k->plugin->name);
+    if (m->codec && (!TMX_OPS_HAS(m->codec_ops, layer_load_slice) ||
+                     !TMX_OPS_HAS(m->codec_ops, moe_experts_partial)))
+        return tmx_err(err, TMX_ERR_UNSUPPORTED, "codec.%s has no tensor-parallel path "
+                       "(layer_load_slice, moe_experts_partial): it runs tp = 1 only",
+                       m->codec->name);
+    if (m->codec && !(m->k->plugin->caps & TMX_CAP_HOST_MEMORY))
+        return tmx_err(err, TMX_ERR_UNSUPPORTED, "codec.%s has no tensor-parallel device path "
+                       "for kernel set %s: it runs tp = 1 there", m->codec->name,
+                       m->k->plugin->name);
+    return TMX_OK;
+}
+
+/* The embedding, the final norm and the lm_head. With several ranks each holds its rows of the
+ * vocabulary: the embedding with a zero row appended (ids of other ranks read it, so that the
+ * all-reduce of the ranks' lookups is the lookup), the lm_head (a tied one bound from the
+ * embedding's rows) for its slice of the logits. */
+static enum tmx_status bind_ends(struct tmx_model *m, const struct tmx_checkpoint *ck,
+                                 char **err) {
+    const struct tmx_model_config *c = &m->cfg;
+    const struct tp_shard *tp = &m->tp;
+    const char *embed = "model.embed_tokens.weight";
+    const struct cut rows = {0, tp->vocab0, tp->vocab_n, 0}, zero = {0, tp->vocab0, tp->vocab_n, 1};
+    const int split = tp->n > 1;
+    enum tmx_status st = bind_cut(m, ck, &m->embed, 0, split ? &zero : NULL, err, embed,
+                                  c->vocab_size, c->hidden);
+    if (st == TMX_OK) st = bind(m, ck, &m->final_norm, 0, err, "model.norm.weight", c->hidden,
+                                -1);
+    if (st == TMX_OK && (split || !c->tie_word_embeddings))
+        st = bind_cut(m, ck, &m->lm_head, 0, split ? &rows : NULL, err,
+                      c->tie_word_embeddings ? embed : "lm_head.weight", c->vocab_size,
+                      c->hidden);
+    return st;
+}
+
+enum tmx_status tmx_model_load_rank(const struct tmx_checkpoint *ck, const struct tmx_kernels *k,
+                                    struct tmx_plugins *ps, const struct tmx_model_tp *tp,
+                                    struct tmx_model **out, char **err) {
     struct tmx_model *m = calloc(1, sizeof *m);
     if (!m) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     m->k = k;
+    m->tp.n = 1;
+    const int n = tp && tp->ctl ? tmx_comm_size(tp->ctl) : 1;
     enum tmx_status st = tmx_model_config_load(tmx_checkpoint_dir(ck), &m->cfg, err);
     if (st == TMX_OK) st = open_codec(m, tmx_checkpoint_dir(ck), ps, err);
+    if (st == TMX_OK)
+        st = plan_shard(m, tmx_checkpoint_dir(ck), n > 1 ? tmx_comm_rank(tp->ctl) : 0, n, err);
+    if (n > 1) {
+        m->tp.ctl = tp->ctl;
+        m->tp.data = tp->data ? tp->data : tp->ctl;
+    }
     const struct tmx_model_config *c = &m->cfg;
     if (st == TMX_OK) {
         m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
         if (!m->layers) st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
-    if (st == TMX_OK) st = bind(m, ck, &m->embed, 0, err, "model.embed_tokens.weight",
-                                c->vocab_size, c->hidden);
-    if (st == TMX_OK) st = bind(m, ck, &m->final_norm, 0, err, "model.norm.weight",
-                                c->hidden, -1);
-    if (st == TMX_OK && !c->tie_word_embeddings)
-        st = bind(m, ck, &m->lm_head, 0, err, "lm_head.weight", c->vocab_size, c->hidden);
+    if (st == TMX_OK) st = bind_ends(m, ck, err);
     for (int l = 0; st == TMX_OK && l < c->n_layers; l++) st = bind_layer(m, ck, l, err);
     if (st == TMX_OK) st = upload_freqs(m, c->rope_theta, &m->inv_freq_full, err);
     if (st == TMX_OK) st = upload_freqs(m, c->rope_local_theta, &m->inv_freq_local, err);
@@ -292,6 +443,14 @@ enum tmx_status tmx_model_load(const struct tmx_checkpoint *ck, const struct tmx
     *out = m;
     return TMX_OK;
 }
+
+enum tmx_status tmx_model_load(const struct tmx_checkpoint *ck, const struct tmx_kernels *k,
+                               struct tmx_plugins *ps, struct tmx_model **out, char **err) {
+    return tmx_model_load_rank(ck, k, ps, NULL, out, err);
+}
+
+int tmx_model_rank(const struct tmx_model *m) { return m->tp.rank; }
+int tmx_model_n_ranks(const struct tmx_model *m) { return m->tp.n; }
 
 void tmx_model_free(struct tmx_model *m) {
     if (!m) return;

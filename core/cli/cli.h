@@ -3,6 +3,7 @@
 #define TMX_CLI_H
 
 #include <getopt.h>
+#include <stdio.h>
 
 #include "tmx/tmx.h"
 
@@ -34,6 +35,29 @@ int cli_engine_opt(struct cli_engine_opts *o, int c, const char *arg);
 struct tmx_engine *cli_engine_open(const struct cli_engine_opts *o, const char *cmd);
 /* Prints "tmx <cmd>: <msg>" to stderr and frees msg. Returns 1 (the exit code). */
 int cli_fail(const char *cmd, char *msg);
+
+/* --tp N, for the commands that run a model (tmx generate, tmx serve): same as --set tp=N.
+ * cli_tp_opt writes the assignment into buf (which must outlive the options) and adds it. */
+#define CLI_TP_OPT 0x7470 /* getopt value of --tp, outside the short options */
+#define CLI_TP_LONGOPT {"tp", required_argument, 0, CLI_TP_OPT}
+#define CLI_TP_USAGE                                                                          \
+    "      --tp N             tensor-parallel ranks (same as --set tp=N; under mpirun: one\n"   \
+    "                         per process; docs/tp.md)\n"
+
+static inline int cli_tp_opt(struct cli_engine_opts *o, char *buf, size_t size,
+                             const char *arg) {
+    snprintf(buf, size, "tp=%s", arg);
+    return cli_engine_opt(o, 'S', buf) < 0 ? -1 : 0;
+}
+
+/* Under mpirun, ranks 1..N-1 of a command: follow rank 0's steps until it is done, then free
+ * the engine; returns the exit code. */
+static inline int cli_follow(struct tmx_engine *e, const char *cmd) {
+    char *err = NULL;
+    const int rc = tmx_engine_follow(e, &err) == TMX_OK ? 0 : cli_fail(cmd, err);
+    tmx_engine_free(e);
+    return rc;
+}
 
 int cmd_conform(int argc, char **argv);
 int cmd_eval_kld(int argc, char **argv);

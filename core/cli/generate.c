@@ -1,5 +1,6 @@
 /* generate.c: `tmx generate` — tokenize a prompt, prefill it, then sample and print tokens as
- * they come; the last line reports tokens/s. */
+ * they come; the last line reports tokens/s. Under mpirun the processes of ranks 1..N-1 only
+ * follow rank 0's steps and print nothing. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,8 @@ static const char usage[] =
     "      --top-p P          nucleus sampling mass (default 1 = off)\n"
     "      --min-p P          drop tokens below P x the top probability (default 0 = off)\n"
     "      --seed S           sampling seed (default: config \"seed\"; -1 = from the clock)\n"
-    "      --no-bos           do not prepend the model's bos_token_id\n" CLI_ENGINE_USAGE;
+    "      --no-bos           do not prepend the model's bos_token_id\n" CLI_TP_USAGE
+    CLI_ENGINE_USAGE;
 
 static double now(void) {
     struct timespec ts;
@@ -41,8 +43,9 @@ int cmd_generate(int argc, char **argv) {
         {"temperature", required_argument, 0, 'T'}, {"top-k", required_argument, 0, 'K'},
         {"top-p", required_argument, 0, 'P'}, {"min-p", required_argument, 0, 'M'},
         {"seed", required_argument, 0, 's'}, {"no-bos", no_argument, 0, 'B'},
-        {"help", no_argument, 0, 'h'}, CLI_ENGINE_LONGOPTS, {0, 0, 0, 0}};
+        {"help", no_argument, 0, 'h'}, CLI_TP_LONGOPT, CLI_ENGINE_LONGOPTS, {0, 0, 0, 0}};
     struct cli_engine_opts eo = {0};
+    char tp_set[32];
     const char *prompt = NULL;
     double n_predict = 64, temperature = 0, top_k = 0, top_p = 1, min_p = 0, seed = -2;
     int bos = 1, c, r;
@@ -60,6 +63,7 @@ int cmd_generate(int argc, char **argv) {
         case 'M': r = parse_num("min-p", optarg, &min_p); break;
         case 's': r = parse_num("seed", optarg, &seed); break;
         case 'B': bos = 0; break;
+        case CLI_TP_OPT: r = cli_tp_opt(&eo, tp_set, sizeof tp_set, optarg); break;
         case 'h': fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return 2;
         }
@@ -76,6 +80,7 @@ int cmd_generate(int argc, char **argv) {
     }
     struct tmx_engine *e = cli_engine_open(&eo, "generate");
     if (!e) return 1;
+    if (tmx_engine_rank(e) != 0) return cli_follow(e, "generate");
 
     const struct tmx_tokenizer *tok = tmx_engine_tokenizer(e);
     const struct tmx_model_config *mc = tmx_model_cfg(tmx_engine_model(e));

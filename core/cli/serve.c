@@ -1,5 +1,6 @@
 /* serve.c: `tmx serve` — load the model, start the scheduler, and hand them to the API front end
- * (plugin api.<config "api">, api.openai by default) until SIGINT or SIGTERM. */
+ * (plugin api.<config "api">, api.openai by default) until SIGINT or SIGTERM. Under mpirun the
+ * processes of ranks 1..N-1 only follow rank 0's steps until rank 0 stops. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,7 +16,7 @@ static const char usage[] =
     "Serves the model over the API front end named by config key \"api\" (default: openai, an\n"
     "OpenAI-compatible HTTP server; its options are api.openai.host, .port, .api_key, ...).\n\n"
     "      --host HOST        same as --set api.openai.host=HOST\n"
-    "      --port PORT        same as --set api.openai.port=PORT\n" CLI_ENGINE_USAGE;
+    "      --port PORT        same as --set api.openai.port=PORT\n" CLI_TP_USAGE CLI_ENGINE_USAGE;
 
 struct stopper {
     sigset_t signals;
@@ -39,10 +40,11 @@ int cmd_serve(int argc, char **argv) {
     static const struct option longopts[] = {{"host", required_argument, 0, 'H'},
                                               {"port", required_argument, 0, 'P'},
                                               {"help", no_argument, 0, 'h'},
+                                              CLI_TP_LONGOPT,
                                               CLI_ENGINE_LONGOPTS,
                                               {0, 0, 0, 0}};
     struct cli_engine_opts eo = {0};
-    char host_set[300], port_set[64];
+    char host_set[300], port_set[64], tp_set[32];
     int c, r;
     while ((c = getopt_long(argc, argv, "h" CLI_ENGINE_SHORTOPTS, longopts, NULL)) != -1) {
         if ((r = cli_engine_opt(&eo, c, optarg)) != 0) {
@@ -54,6 +56,8 @@ int cmd_serve(int argc, char **argv) {
             snprintf(buf, c == 'H' ? sizeof host_set : sizeof port_set, "api.openai.%s=%s",
                      c == 'H' ? "host" : "port", optarg);
             if (cli_engine_opt(&eo, 'S', buf) < 0) return 2;
+        } else if (c == CLI_TP_OPT) {
+            if (cli_tp_opt(&eo, tp_set, sizeof tp_set, optarg) < 0) return 2;
         } else if (c == 'h') {
             fputs(usage, stdout);
             return 0;
@@ -76,6 +80,7 @@ int cmd_serve(int argc, char **argv) {
 
     struct tmx_engine *e = cli_engine_open(&eo, "serve");
     if (!e) return 1;
+    if (tmx_engine_rank(e) != 0) return cli_follow(e, "serve"); /* signals stay blocked */
     const struct tmx_config *cfg = tmx_engine_config(e);
     struct tmx_serve *s = NULL;
     const struct tmx_plugin *p = NULL;

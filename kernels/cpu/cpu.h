@@ -142,6 +142,8 @@ void cpu_matmul(void *ctx, float *y, const float *x, const struct tmx_tensor *w,
 void cpu_embed(void *ctx, float *out, const struct tmx_tensor *table, const int32_t *ids, int n);
 void cpu_rmsnorm(void *ctx, float *out, const float *x, const struct tmx_tensor *w, int rows,
                  int d, float eps);
+/* 1 / sqrt(mean(x^2) + eps), accumulated in double in a fixed order. */
+float cpu_rms_inv(const float *x, int d, float eps);
 void cpu_rmsnorm_row(float *out, const float *x, const float *w, int d, float eps);
 void cpu_swiglu(void *ctx, float *out, const float *gate, const float *up, int64_t count);
 void cpu_add_gated(void *ctx, float *h, const float *a, const struct tmx_tensor *g, int rows,
@@ -163,5 +165,9 @@ void cpu_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits,
                    enum tmx_router_score score, int norm_topk, float scale);
 void cpu_moe_experts(void *ctx, float *out, const float *z, const int32_t *ids,
                      const float *weights, int n, int k, const struct tmx_moe_weights *w);
+void cpu_moe_experts_partial(void *ctx, float *ye, const float *z, const int32_t *ids, int n,
+                             int k, const struct tmx_moe_weights *w);
+void cpu_moe_combine(void *ctx, float *out, const float *ye, const float *weights, int n, int k,
+                     int latent, const struct tmx_tensor *post_norm, float eps);
 
 #endif

@@ -5,7 +5,8 @@
  * runs eagerly when called, so there is nothing to queue and no graph to record: the graph_*
  * members stay NULL. Ops spread their work over the pool in tasks whose results do not depend
  * on the thread count (see pool.h). This file holds the context, memory, the ops table and the
- * entry point; the ops live in matmul.c, rows.c, attention.c and moe.c. */
+ * entry point; the ops live in matmul.c, rows.c, attention.c and moe.c. It has the optional
+ * tensor-parallel ops (moe_experts_partial, moe_combine), so it runs ranks of any TP size. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,6 +233,8 @@ static const struct tmx_kernels_i cpu_ops = {
     .swiglu = cpu_swiglu,
     .add_gated = cpu_add_gated,
     .gather = cpu_gather,
+    .moe_experts_partial = cpu_moe_experts_partial,
+    .moe_combine = cpu_moe_combine,
 };
 
 static const struct tmx_option cpu_options[] = {

@@ -67,13 +67,18 @@ void cpu_embed(void *ctx, float *out, const struct tmx_tensor *table, const int3
 /* --- rmsnorm -------------------------------------------------------------------------------- */
 
 /* The sum of squares in double: four partial sums keep it vectorizable and cheap. */
-void cpu_rmsnorm_row(float *out, const float *x, const float *w, int d, float eps) {
+float cpu_rms_inv(const float *x, int d, float eps) {
     double ss[4] = {0};
     int i = 0;
     for (; i + 4 <= d; i += 4)
         for (int l = 0; l < 4; l++) ss[l] += (double)x[i + l] * x[i + l];
     for (; i < d; i++) ss[0] += (double)x[i] * x[i];
-    float inv = (float)(1.0 / sqrt(((ss[0] + ss[1]) + (ss[2] + ss[3])) / d + eps));
+    return (float)(1.0 / sqrt(((ss[0] + ss[1]) + (ss[2] + ss[3])) / d + eps));
+}
+
+void cpu_rmsnorm_row(float *out, const float *x, const float *w, int d, float eps) {
+    const float inv = cpu_rms_inv(x, d, eps);
+    int i;
     if (w)
         for (i = 0; i < d; i++) out[i] = x[i] * inv * w[i];
     else

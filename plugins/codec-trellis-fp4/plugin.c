@@ -29,6 +29,8 @@ static const struct tmx_codec_i fp4_ops = {
     .device_free = tmx_trellis_codec_device_free,
     .device_moe_experts = tmx_trellis_codec_device_moe_experts,
 #endif
+    .layer_load_slice = tmx_trellis_codec_layer_load_slice,
+    .moe_experts_partial = tmx_trellis_codec_moe_experts_partial,
 };
 
 static const struct tmx_option fp4_options[] = {

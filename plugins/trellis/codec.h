@@ -58,15 +58,28 @@ void tmx_trellis_codec_fini(void *ctx);
  * coupled/layer-LLL.safetensors of info->model_dir (§10), checks every name, dtype, shape and
  * metadata field, expands the block scales (CSF) and keeps the trellis words and sign vectors
  * as views of the mmapped files. *layer owns the mappings and the scales until
- * tmx_trellis_codec_layer_free. */
+ * tmx_trellis_codec_layer_free. _slice opens rank `rank` of n_ranks: the rank's slice of the
+ * intermediate dimension, which must be a multiple of 128 (the Hadamard blocks of §6, which
+ * hold whole tiles and block-scale groups): gate and up keep their slices' rows, down its
+ * columns (copied). */
 enum tmx_status tmx_trellis_codec_layer_load(void *ctx, const struct tmx_codec_layer_info *info,
                                              void **layer, char **err);
+enum tmx_status tmx_trellis_codec_layer_load_slice(void *ctx,
+                                                   const struct tmx_codec_layer_info *info,
+                                                   int rank, int n_ranks, void **layer,
+                                                   char **err);
 void tmx_trellis_codec_layer_free(void *ctx, void *layer);
 /* tmx_kernels_i.moe_experts on host memory, in the rotated basis of §6. */
 enum tmx_status tmx_trellis_codec_moe_experts(void *ctx, void *layer, float *out, const float *z,
                                               const int32_t *ids, const float *weights, int n,
                                               int k, const struct tmx_tensor *post_norm,
                                               float eps, char **err);
+/* tmx_codec_i.moe_experts_partial (tensor parallelism): ye[n][k][latent], each pair's output
+ * over the layer's slice of the intermediate dimension, unrotated, neither normalized nor
+ * weighted. */
+enum tmx_status tmx_trellis_codec_moe_experts_partial(void *ctx, void *layer, float *ye,
+                                                      const float *z, const int32_t *ids, int n,
+                                                      int k, char **err);
 /* w (caller-owned, [rows][cols] of the projection) = diag(s_out) H (g B . C) H diag(s_in) of
  * one projection (0 gate, 1 up, 2 down). */
 enum tmx_status tmx_trellis_codec_expert_decode(void *ctx, void *layer, int expert, int proj,

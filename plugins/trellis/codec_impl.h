@@ -44,6 +44,10 @@ struct trellis_layer {
     struct tmx_safetensors *coupled;
     int n_files;
     struct tmx_safetensors **files;   /* [n_files] experts/ chunks */
+    /* A tensor-parallel rank's slice (docs/tp.md): inter and sign_mid above are the slice's,
+     * gate and up are row views of the files; down's columns are copied here. NULL: whole. */
+    uint32_t *down_words;             /* [n_experts][latent/16][inter/16][8K] */
+    uint8_t *down_scales;             /* [n_experts][latent][inter/block] */
 };
 
 /* --- tiles.c: decoded tiles times activations ---------------------------------------------- */

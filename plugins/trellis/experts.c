@@ -9,6 +9,10 @@
  *     y'   = Q_down act(m')                                   phase 3, per expert, rows, tokens
  *     out  = (sign_latent_out . H(sum_j w_j y'_j / rms(y'_j))) . post_norm   phase 4, per token
  *
+ * moe_experts_partial (tensor parallelism, docs/tp.md) stops before phase 4's sum: each pair's
+ * y' is unrotated into its own row, neither normalized nor weighted, for the core to all-reduce
+ * over the ranks' slices of the intermediate dimension.
+ *
  * act() quantizes a rotated vector as §7 says (serving) or leaves it in F32. Pairs are sorted
  * by expert, so that a work item of phases 1 and 3 decodes a block of 128 rows of one expert's
  * matrix once for up to TRELLIS_GROUP of its tokens. Every output element is computed by one
@@ -107,7 +111,7 @@ struct step {
     const float *weights;    /* [n][k] */
     const float *post;       /* [latent] F32 post-expert norm weight, or NULL */
     float eps;
-    float *out;              /* [n][latent] */
+    float *out;              /* [n][latent]; partial: [n][k][latent] */
     int32_t *count;          /* [n_experts + 1]: pairs per expert, then where each starts */
     int32_t *slot;           /* [n][k]: the sorted position of each pair, -1: skipped */
     int32_t *pair;           /* [n_pairs]: t * k + j of each sorted pair */
@@ -256,6 +260,23 @@ static void phase_down(void *arg, int64_t item, int thread) {
     group_rows(arg, item, 2, thread);
 }
 
+/* moe_experts_partial: each pair's y' unrotated into its own row. */
+static void phase_pairs(void *arg, int64_t t, int thread) {
+    (void)thread;
+    const struct step *s = arg;
+    const int64_t latent = s->l->latent;
+    for (int64_t j = 0; j < s->k; j++) {
+        const int32_t pr = s->slot[t * s->k + j];
+        float *o = s->out + (t * s->k + j) * latent;
+        if (pr < 0) {
+            memset(o, 0, (size_t)latent * sizeof *o);
+            continue;
+        }
+        memcpy(o, s->y + (int64_t)pr * latent, (size_t)latent * sizeof *o);
+        tmx_trellis_unrotate(s->l->sign_out, o, latent);
+    }
+}
+
 static void phase_output(void *arg, int64_t t, int thread) {
     (void)thread;
     const struct step *s = arg;
@@ -290,16 +311,17 @@ static const float *norm_f32(const struct tmx_tensor *t, float *buf) {
     return buf;
 }
 
-enum tmx_status tmx_trellis_codec_moe_experts(void *ctx, void *layer, float *out, const float *z,
-                                              const int32_t *ids, const float *weights, int n,
-                                              int k, const struct tmx_tensor *post_norm,
-                                              float eps, char **err) {
-    struct trellis_codec *c = ctx;
-    const struct trellis_layer *l = layer;
+/* Both ops; partial (moe_experts_partial: weights and post_norm NULL) writes out[n][k][latent]
+ * of unweighted pair outputs. */
+static enum tmx_status run_experts(struct trellis_codec *c, const struct trellis_layer *l,
+                                   float *out, const float *z, const int32_t *ids,
+                                   const float *weights, int n, int k,
+                                   const struct tmx_tensor *post_norm, float eps, int partial,
+                                   char **err) {
     const char *name = c->spec->name;
     if (n < 0 || k < 1)
-        return c->host->err(err, TMX_ERR_INVALID, "codec.%s: moe_experts: %d tokens, top %d",
-                            name, n, k);
+        return c->host->err(err, TMX_ERR_INVALID, "codec.%s: %s: %d tokens, top %d", name,
+                            partial ? "moe_experts_partial" : "moe_experts", n, k);
     if (post_norm && (post_norm->ndim != 1 || post_norm->shape[0] != l->latent ||
                       (post_norm->dtype != TMX_DTYPE_F32 && post_norm->dtype != TMX_DTYPE_BF16 &&
                        post_norm->dtype != TMX_DTYPE_F16)))
@@ -330,17 +352,30 @@ enum tmx_status tmx_trellis_codec_moe_experts(void *ctx, void *layer, float *out
     for (int64_t t0 = 0; t0 < n; t0 += chunk) {
         const int64_t nt = n - t0 < chunk ? n - t0 : chunk;
         s.z = z + t0 * l->latent;
-        s.out = out + t0 * l->latent;
-        s.weights = weights + t0 * k;
+        s.out = out + t0 * (partial ? k : 1) * l->latent;
+        s.weights = partial ? NULL : weights + t0 * k;
         int64_t n_pairs;
         const int64_t n_groups = sort_pairs(&s, ids + t0 * k, nt, &n_pairs);
         trellis_pool_run(c->pool, nt, phase_input, &s);
         trellis_pool_run(c->pool, n_groups * (l->inter / ROWS_PER_ITEM), phase_gate_up, &s);
         trellis_pool_run(c->pool, n_pairs, phase_mid, &s);
         trellis_pool_run(c->pool, n_groups * (l->latent / ROWS_PER_ITEM), phase_down, &s);
-        trellis_pool_run(c->pool, nt, phase_output, &s);
+        trellis_pool_run(c->pool, nt, partial ? phase_pairs : phase_output, &s);
     }
     return TMX_OK;
+}
+
+enum tmx_status tmx_trellis_codec_moe_experts(void *ctx, void *layer, float *out, const float *z,
+                                              const int32_t *ids, const float *weights, int n,
+                                              int k, const struct tmx_tensor *post_norm,
+                                              float eps, char **err) {
+    return run_experts(ctx, layer, out, z, ids, weights, n, k, post_norm, eps, 0, err);
+}
+
+enum tmx_status tmx_trellis_codec_moe_experts_partial(void *ctx, void *layer, float *ye,
+                                                      const float *z, const int32_t *ids, int n,
+                                                      int k, char **err) {
+    return run_experts(ctx, layer, ye, z, ids, NULL, n, k, NULL, 0.0f, 1, err);
 }
 
 enum tmx_status tmx_trellis_codec_expert_decode(void *ctx, void *layer, int expert, int proj,

@@ -195,6 +195,49 @@ static enum tmx_status load_chunk(const struct tmx_host *host, const char *dir, 
     return st;
 }
 
+/* Keeps rank `rank` of n_ranks of every expert's intermediate rows (§10 lays a layer out
+ * whole): gate and up become row views, down's column slice is copied tile row by tile row
+ * with its block scales. inter / n_ranks is a multiple of 128, so the cut falls between tiles,
+ * block-scale groups and Hadamard blocks. */
+static enum tmx_status slice_layer(const struct tmx_host *host, const char *name,
+                                   struct trellis_layer *l, int rank, int n_ranks, char **err) {
+    const int64_t inter = l->inter, part = inter / n_ranks, i0 = part * rank, lat = l->latent;
+    const int K = l->mat[0].K, block = l->mat[0].block, words = tmx_trellis_words(K);
+    const int64_t tiles_in = inter / 16, tiles_part = part / 16;
+    l->down_words = malloc((size_t)(l->n_experts * (lat / 16) * tiles_part * words) * 4);
+    l->down_scales = malloc((size_t)(l->n_experts * lat * (part / block)));
+    if (!l->down_words || !l->down_scales)
+        return host->err(err, TMX_ERR_NOMEM, "codec.%s: layer %d: out of memory for its slice",
+                         name, l->layer);
+    const uint8_t *sign_mid = l->sign_mid + i0 / 8;
+    for (int e = 0; e < l->n_experts; e++) {
+        for (int p = 0; p < 2; p++) { /* gate, up: rows [i0, i0 + part) */
+            struct tmx_trellis_matrix *m = &l->mat[e * 3 + p];
+            m->words += (size_t)((i0 / 16) * (lat / 16) * words);
+            m->scales += (size_t)(i0 * (lat / block));
+            m->rows = part;
+            m->sign_out = sign_mid;
+        }
+        struct tmx_trellis_matrix *d = &l->mat[e * 3 + 2]; /* down: columns [i0, i0 + part) */
+        uint32_t *w = l->down_words + (size_t)(e * (lat / 16) * tiles_part * words);
+        uint8_t *sc = l->down_scales + (size_t)(e * lat * (part / block));
+        for (int64_t tr = 0; tr < lat / 16; tr++)
+            memcpy(w + (size_t)(tr * tiles_part * words),
+                   d->words + (size_t)((tr * tiles_in + i0 / 16) * words),
+                   (size_t)(tiles_part * words) * 4);
+        for (int64_t r = 0; r < lat; r++)
+            memcpy(sc + r * (part / block), d->scales + r * (inter / block) + i0 / block,
+                   (size_t)(part / block));
+        d->words = w;
+        d->scales = sc;
+        d->cols = part;
+        d->sign_in = sign_mid;
+    }
+    l->inter = (int)part;
+    l->sign_mid = sign_mid;
+    return TMX_OK;
+}
+
 void tmx_trellis_codec_layer_free(void *ctx, void *layer) {
     const struct trellis_codec *c = ctx;
     struct trellis_layer *l = layer;
@@ -204,12 +247,21 @@ void tmx_trellis_codec_layer_free(void *ctx, void *layer) {
     if (l->coupled) c->host->st_free(l->coupled);
     free(l->files);
     free(l->scales);
+    free(l->down_words);
+    free(l->down_scales);
     free(l->mat);
     free(l);
 }
 
 enum tmx_status tmx_trellis_codec_layer_load(void *ctx, const struct tmx_codec_layer_info *info,
                                              void **out, char **err) {
+    return tmx_trellis_codec_layer_load_slice(ctx, info, 0, 1, out, err);
+}
+
+enum tmx_status tmx_trellis_codec_layer_load_slice(void *ctx,
+                                                   const struct tmx_codec_layer_info *info,
+                                                   int rank, int n_ranks, void **out,
+                                                   char **err) {
     const struct trellis_codec *c = ctx;
     const struct tmx_host *host = c->host;
     const int block = c->spec->block;
@@ -218,6 +270,11 @@ enum tmx_status tmx_trellis_codec_layer_load(void *ctx, const struct tmx_codec_l
         return host->err(err, TMX_ERR_INVALID, "codec.%s: layer %d: %d experts of latent %d, "
                          "intermediate %d; TrellisMX needs multiples of 128", c->spec->name,
                          info->layer, info->n_experts, info->latent, info->inter);
+    if (n_ranks < 1 || rank < 0 || rank >= n_ranks ||
+        info->inter % (n_ranks * TMX_TRELLIS_HADAMARD))
+        return host->err(err, TMX_ERR_INVALID, "codec.%s: layer %d: intermediate %d does not "
+                         "split into tp = %d slices of whole 128-wide Hadamard blocks (rank %d)",
+                         c->spec->name, info->layer, info->inter, n_ranks, rank);
     char path[4096];
     snprintf(path, sizeof path, "%s/hf_quant_config.json", info->model_dir);
     struct tmx_trellis_quant_config q;
@@ -252,6 +309,8 @@ enum tmx_status tmx_trellis_codec_layer_load(void *ctx, const struct tmx_codec_l
         st = load_chunk(host, info->model_dir, first, last, q.bits, block, l, &l->files[f],
                         &scale_off, err);
     }
+    if (st == TMX_OK && n_ranks > 1)
+        st = slice_layer(host, c->spec->name, l, rank, n_ranks, err);
     if (st != TMX_OK) {
         tmx_trellis_codec_layer_free(ctx, l);
         return st;

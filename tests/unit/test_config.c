@@ -279,7 +279,7 @@ static void test_print(void **state) {
     assert_string_equal(
         json_string_value(json_object_get(json_object_get(plugins, "kernels.cpu"), "label")),
         "fast");
-    assert_int_equal(json_object_size(j), 19); /* every core key and "plugins" */
+    assert_int_equal(json_object_size(j), 20); /* every core key and "plugins" */
     json_decref(j);
     tmx_config_free(cfg);
     unlink(path);

@@ -4,7 +4,8 @@
  * override and a command-line override; precedence: command line > environment > file >
  * default. Unknown keys are an error naming the key and the file.
  *
- * Core keys: plugin_dir, kernels, load, threads, context, batch, seed, log_level, verify. Plugin
+ * Core keys: plugin_dir, kernels, load, threads, context, batch, seed, log_level, verify, tp, ...
+ * (docs/config.md lists them all). Plugin
  * options live under "plugins": {"<kind>.<name>": {"<option>": value}} and are checked against
  * the plugin's option table when it loads (see tmx/loader.h).
  *
@@ -59,5 +60,8 @@ const char *tmx_opts_str(const struct tmx_opts *opts, const char *name);
 int64_t tmx_opts_int(const struct tmx_opts *opts, const char *name);
 double tmx_opts_float(const struct tmx_opts *opts, const char *name);
 int tmx_opts_bool(const struct tmx_opts *opts, const char *name);
+/* Sets an int option the table declares (a tensor-parallel rank's "device"); returns 0, changing
+ * nothing, when it declares none of that name and type. */
+int tmx_opts_set_int(struct tmx_opts *opts, const char *name, int64_t value);
 
 #endif

@@ -18,6 +18,12 @@
  * -0 matches +0. attention's reference dequantizes the cache's bytes, so its tolerance is the
  * same for every dtype.
  *
+ * The optional tensor-parallel ops have cases too: moe_experts_partial (each pair's y_e, no
+ * norm, no weight, zeros for another rank's experts) and moe_combine (the norm and the weighted
+ * sum over all-reduced pair rows of several magnitudes). A set without them gets
+ * TMX_ERR_UNSUPPORTED for those cases: filter them out ("moe_experts/" does not select
+ * "moe_experts_partial/") when checking a set meant for one rank only.
+ *
  * To check a kernel set: tmx_conform_run(). To time an op or compare two sets, use the parts in
  * order: tmx_conform_case_new (inputs made and uploaded, reference computed), tmx_conform_case_run
  * (the op once, no sync; repeat it to time), tmx_conform_case_check (sync, read back, compare;

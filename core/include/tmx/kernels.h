@@ -11,7 +11,8 @@
  * are F32 and row-major; weights are F32, BF16 or F16 unless an op says otherwise.
  *
  * Tensor parallelism. An op never knows about ranks: a rank's graph calls the same ops with its
- * slice of heads and experts; communication belongs to the core.
+ * slice of heads and experts; communication belongs to the core. Two optional ops at the end
+ * of the table split the MoE block around the core's all-reduce.
  *
  * Errors. Ops return nothing so that a step can be queued or captured; a kernel set records
  * the first failure and returns it from the next sync (the core syncs every step).
@@ -148,6 +149,24 @@ struct tmx_kernels_i {
     /* (optional; NULL: none) The set's native queue, for a codec's device path that must run
      * on the same stream (a cudaStream_t for the CUDA set). */
     void *(*native_stream)(void *ctx);
+
+    /* --- tensor parallelism (optional; both NULL: the set runs models of one rank only) ------
+     * A rank holds every routed expert with its slice of the intermediate dimension (gate and
+     * up by rows, down by columns), so the y_e it computes is a partial sum. The post-expert
+     * norm needs the whole y_e: the core all-reduces the partials of every (token, expert)
+     * pair, then every rank combines them (docs/tp.md). Added in ABI 2.1. */
+
+    /* ye[n][k][latent] = y_e of each pair (t, j), e = ids[t][j]: down_e(silu(gate_e z) *
+     * up_e z) over this rank's w->inter, neither normalized nor weighted; pairs whose expert
+     * is outside [expert0, expert0 + n_experts) get zeros. w->post_norm is not read. */
+    void (*moe_experts_partial)(void *ctx, float *ye, const float *z, const int32_t *ids, int n,
+                                int k, const struct tmx_moe_weights *w);
+
+    /* out[n][latent] = sum over j < k of weights[t][j] * RMSNorm_post(ye[t][j]), the norm
+     * with weight post_norm [latent] and eps (post_norm NULL: no norm). On the all-reduced ye
+     * of moe_experts_partial this is moe_experts' output. */
+    void (*moe_combine)(void *ctx, float *out, const float *ye, const float *weights, int n,
+                        int k, int latent, const struct tmx_tensor *post_norm, float eps);
 };
 
 #endif

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "tmx/comm.h"
 #include "tmx/kernels.h"
 #include "tmx/loader.h"
 #include "tmx/safetensors.h"
@@ -59,6 +60,39 @@ enum tmx_status tmx_model_load(const struct tmx_checkpoint *ck, const struct tmx
                                struct tmx_plugins *ps, struct tmx_model **out, char **err);
 void tmx_model_free(struct tmx_model *m);
 const struct tmx_model_config *tmx_model_cfg(const struct tmx_model *m);
+
+/* --- tensor parallelism (docs/tp.md) -------------------------------------------------------
+ *
+ * A model of N ranks is N tmx_models, one per rank, each holding its slice: query and KV heads,
+ * MLP and expert intermediates, embedding and lm_head rows. Rank 0 is the model callers use
+ * (tmx_model_step and everything below it work unchanged); each step it broadcasts the step's
+ * tokens, positions and block tables, and ranks 1..N-1 run the same step inside
+ * tmx_model_follow. Every rank must have the same tmx_model_kv_init options. */
+struct tmx_model_tp {
+    tmx_comm_t *ctl;  /* host-memory communicator of the ranks (threads or mpi): steps */
+    tmx_comm_t *data; /* collectives on the kernel set's buffers: ctl for a host-memory set,
+                         an nccl communicator for a GPU set */
+};
+
+/* tmx_model_load for rank tmx_comm_rank(tp->ctl) of tmx_comm_size(tp->ctl) (tp NULL or one
+ * rank: the whole model). The communicators are borrowed and must outlive the model. Errors,
+ * one line each: a config.json field that does not split into the ranks (heads, KV heads,
+ * intermediates off the 16-wide tiles), a kernel set or codec without the tensor-parallel ops
+ * (naming the plugin). */
+enum tmx_status tmx_model_load_rank(const struct tmx_checkpoint *ck, const struct tmx_kernels *k,
+                                    struct tmx_plugins *ps, const struct tmx_model_tp *tp,
+                                    struct tmx_model **out, char **err);
+int tmx_model_rank(const struct tmx_model *m);
+int tmx_model_n_ranks(const struct tmx_model *m);
+
+/* Ranks 1..N-1, after tmx_model_kv_init: runs the steps rank 0 broadcasts until rank 0 calls
+ * tmx_model_stop. A step that fails on this rank is logged and reported to rank 0, whose
+ * tmx_model_step returns the failure; the loop goes on. Returns TMX_OK after the stop, or an
+ * error when the communicator fails. */
+enum tmx_status tmx_model_follow(struct tmx_model *m, char **err);
+/* Rank 0: ends the followers' tmx_model_follow. Once, after the last step and before any rank
+ * is freed; nothing with one rank. */
+enum tmx_status tmx_model_stop(struct tmx_model *m, char **err);
 
 /* --- the KV cache and steps -------------------------------------------------------------
  *
@@ -144,7 +178,7 @@ typedef enum tmx_status (*tmx_capture_fn)(void *arg, const struct tmx_moe_captur
 
 /* From the next step on, calls fn(arg, ...) in every MoE layer (fn NULL: stop). The step syncs
  * the kernel set before each call, so the kernel set's buffers must be host memory
- * (TMX_CAP_HOST_MEMORY); TMX_ERR_UNSUPPORTED otherwise. */
+ * (TMX_CAP_HOST_MEMORY) and the model one rank; TMX_ERR_UNSUPPORTED otherwise. */
 enum tmx_status tmx_model_set_capture(struct tmx_model *m, tmx_capture_fn fn, void *arg,
                                       char **err);
 

@@ -33,7 +33,7 @@
 #include "tmx/tensor.h"
 
 #define TMX_ABI_MAJOR 2
-#define TMX_ABI_MINOR 0
+#define TMX_ABI_MINOR 1
 
 #define TMX_PLUGIN_EXPORT __attribute__((visibility("default")))
 
@@ -198,6 +198,19 @@ struct tmx_codec_i {
                                           const float *weights, int n, int k,
                                           const struct tmx_tensor *post_norm, float eps,
                                           char **err);
+
+    /* --- tensor parallelism (optional, both or neither; NULL: models of one rank only; ABI
+     * 2.1). A rank of n_ranks holds every expert's intermediate rows [inter * rank / n_ranks,
+     * inter * (rank + 1) / n_ranks): gate and up rows, down columns (docs/tp.md).
+     * layer_load_slice is layer_load for that slice; it refuses a slice its format cannot cut
+     * with a message naming the layer and the boundary. The layer is freed with layer_free;
+     * expert_decode gives the slice's matrices. moe_experts_partial has the contract of
+     * tmx_kernels_i.moe_experts_partial on host memory: ye[n][k][latent] gets each pair's y_e
+     * over the slice, in the model's basis, neither normalized nor weighted. */
+    enum tmx_status (*layer_load_slice)(void *ctx, const struct tmx_codec_layer_info *info,
+                                        int rank, int n_ranks, void **layer, char **err);
+    enum tmx_status (*moe_experts_partial)(void *ctx, void *layer, float *ye, const float *z,
+                                           const int32_t *ids, int n, int k, char **err);
 };
 
 /* --- kind: drafter ---------------------------------------------------------------------------

@@ -40,6 +40,17 @@ int tmx_engine_n_vocab(const struct tmx_engine *e);
  * max_position_embeddings. */
 int tmx_engine_n_ctx(const struct tmx_engine *e);
 
+/* Tensor parallelism (config key tp, docs/tp.md). With tp > 1 the engine holds rank 0 of the
+ * model and runs ranks 1..tp-1 on threads of its own; under mpirun each process holds one rank
+ * (tp = the number of processes). Everything above acts on rank 0: tmx_model_step on
+ * tmx_engine_model() drives all ranks. tmx_engine_rank: this process's rank (0 but under
+ * mpirun); tmx_engine_tp: the number of ranks. */
+int tmx_engine_rank(const struct tmx_engine *e);
+int tmx_engine_tp(const struct tmx_engine *e);
+/* Under mpirun, ranks 1..tp-1: runs the steps rank 0 broadcasts until rank 0's engine closes
+ * (tmx_model_follow), then returns TMX_OK; the caller frees the engine and exits quietly. */
+enum tmx_status tmx_engine_follow(struct tmx_engine *e, char **err);
+
 /* Frees a string tmx returned through `char **err` (for callers that do not share its libc,
  * e.g. Python through ctypes). */
 void tmx_free(void *p);
