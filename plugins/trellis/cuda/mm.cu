@@ -1,14 +1,21 @@
 /* mm.cu: the fused expert matmul and the decode check.
  *
  * A CTA computes MM_WARPS strips of 16 output rows of one expert's matrix for one group of up
- * to 8 * NG tokens. Each warp streams its strip's tiles through shared memory, MM_CHUNK tiles
- * at a time (the next chunk is in flight in registers while this one is decoded), and the
- * CTA stages the group's activations for the same 256 inputs. Per 32 inputs (two tiles) a
- * lane decodes its four A registers once and multiplies them with every 8 tokens of the
- * group: one m16n8k32 E4M3 MMA per 8 tokens, accumulated from zero, then scaled in FP32 by the
- * block scales (law e4m3: one block of 32 per MMA; law e2m1: two MMAs, one per tile, each
- * scaled by the weight's and the activation's block scale of 16). The matrix scale g and the
- * token scale multiply once at the end. */
+ * to 8 * NG tokens. Each warp streams its strip's tiles into its own piece of shared memory
+ * with cp.async, MM_CHUNK tiles at a time, two chunks deep (the next one lands while this one
+ * is decoded), and the CTA stages the group's activations for the same 256 inputs. Per tile
+ * a lane decodes its A fragment of an m16n8k16 f16 product (decode.cuh), multiplies it by its
+ * rows' block scales (every code value times an E4M3 scale is exact in f16: at most 8
+ * significant bits, 2^-18 to 1568 for law e4m3, 2^-10 to 2688 for law e2m1) and issues one
+ * MMA per 8 tokens into the FP32 accumulators. Law e2m1's activations are staged already
+ * multiplied by their block scales (exact in f16 the same way), so both laws sum Q x in the
+ * MMA's accumulators; the matrix scale g and the token scale multiply once at the end.
+ *
+ * The GEMV (NG = 1, up to 8 tokens) stages its activations as f16, two buffers deep, from
+ * registers loaded a chunk ahead: one barrier per chunk; it is held to 64 registers so that
+ * 8 CTAs fit an SM (gate and up of 8 experts at 4096 rows are 1024 CTAs: one wave on 132
+ * SMs). The grouped GEMM (NG = 8) stages E4M3 bytes in one buffer (its 64 tokens' f16 would
+ * not fit) and converts them at the MMA. */
 #include "decode.cuh"
 #include "mm.cuh"
 #include "trellis_cuda.h"
@@ -16,7 +23,8 @@
 #include <stdio.h>
 
 #define CHUNK_COLS (16 * MM_CHUNK)
-#define X_STRIDE (CHUNK_COLS / 4 + 4) /* words per staged token row; +4 spreads the banks */
+#define X8_STRIDE (CHUNK_COLS / 4 + 4)   /* words per E4M3 token row; +4 spreads the banks */
+#define X16_STRIDE (CHUNK_COLS / 2 + 16) /* words per f16 token row; +16 (64 B) likewise */
 
 struct mm_group {
     int expert, first, count;
@@ -34,24 +42,57 @@ __device__ __forceinline__ bool group_of(const mm_params &p, int gi, int cap, mm
     return true;
 }
 
-/* A lane's K uint4 of a chunk of `tiles` tiles (8K words each), zeros past its end. */
+/* Starts copying a lane's K uint4 of a chunk of `tiles` tiles (8K words each) from src to
+ * dst (shared memory), zeros past its end, as one cp.async group. */
 template <int K>
-__device__ __forceinline__ void load_chunk(uint4 (&pre)[K], const uint4 *src, int tiles,
-                                           int lane) {
+__device__ __forceinline__ void load_chunk(uint4 *dst, const uint4 *src, int tiles, int lane) {
     const int n = tiles * 2 * K; /* uint4 in the chunk: tiles * 8K words / 4 */
 #pragma unroll
-    for (int i = 0; i < K; i++)
-        pre[i] = i * 32 + lane < n ? src[i * 32 + lane] : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < K; i++) {
+        const int at = i * 32 + lane;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                         (uint32_t)__cvta_generic_to_shared(dst + at)),
+                     "l"(src + (at < n ? at : 0)), "r"(at < n ? 16 : 0)
+                     : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* Waits for this thread's cp.async groups but the latest. */
+__device__ __forceinline__ void wait_chunk() {
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+}
+
+/* A tile's 16 activation bytes, kappa words q = 0..3 (columns 2q, 2q+1, 2q+8, 2q+9), as the
+ * four words of lambda order (decode.cuh): word q = the B fragment bytes of lanes with that q,
+ * columns 4(q & 1) + (q >> 1) + {0, 2, 8, 10}. */
+__device__ __forceinline__ uint4 lambda_words(uint4 v) {
+    return make_uint4(__byte_perm(v.x, v.y, 0x6240), __byte_perm(v.z, v.w, 0x6240),
+                      __byte_perm(v.x, v.y, 0x7351), __byte_perm(v.z, v.w, 0x7351));
+}
+
+/* Block scale b of a chunk, from its scales as f16 pairs h[b / 2], broadcast to both halves
+ * of an f16x2. */
+template <int SH>
+__device__ __forceinline__ __half2 scale_h2(const uint32_t (&h)[SH], int b) {
+    const __half2 v = *reinterpret_cast<const __half2 *>(&h[b >> 1]);
+    return b & 1 ? __high2half2(v) : __low2half2(v);
 }
 
 template <int K, bool FP4, int NG>
-__global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const mm_params p) {
+__global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 1) mm_kernel(const mm_params p) {
     constexpr int NW = 8 * K, GT = 8 * NG, BLOCK = FP4 ? 16 : 32;
     constexpr int SW = CHUNK_COLS / BLOCK / 4; /* scale words of a row per chunk: 2 or 4 */
-    __shared__ uint4 w_s[MM_WARPS][MM_CHUNK * NW / 4];  /* [warp][tile][8K] words */
-    __shared__ __align__(16) uint32_t x_s[GT][X_STRIDE];  /* [token][kappa bytes / 4] */
-    __shared__ float xb_s[FP4 ? GT : 1][CHUNK_COLS / 16];
-    __shared__ uint8_t lut_s[FP4 ? TRELLIS_LUT : 1];
+    constexpr bool XH = NG == 1;               /* activations staged as f16, double-buffered */
+    constexpr int XB = XH ? 2 : 1, XS = XH ? X16_STRIDE : X8_STRIDE;
+    static_assert(!XH || GT * MM_CHUNK == MM_WARPS * 32, "a thread stages one tile of a token");
+    __shared__ uint4 w_s[2][MM_WARPS][MM_CHUNK * NW / 4]; /* [chunk % 2][warp][tile][8K] */
+    /* XH: [buffer][token][step of 32 inputs][q][tile of the step][b0, b1] f16x2, the B
+     * fragments of a lane (q = lane % 4) for both tiles of a step in one 16-byte load;
+     * else [token][tile][lambda word q] E4M3 bytes. */
+    __shared__ __align__(16) uint32_t x_s[XB][GT][XS];
+    __shared__ __half2 xb_s[FP4 && !XH ? GT : 1][MM_CHUNK]; /* law e2m1, E4M3 staging */
+    __shared__ uint8_t lut_s[FP4 ? TRELLIS_LUT : 1]; /* law e2m1: sigma -> value's f16 >> 8 */
     __shared__ int row_s[GT];
 
     mm_group grp;
@@ -63,7 +104,8 @@ __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const mm_params p) {
         row_s[t] = t >= grp.count ? -1
                    : p.act_row ? p.act_row[grp.first + t] : grp.first + t;
     if (FP4)
-        for (int i = threadIdx.x; i < TRELLIS_LUT; i += blockDim.x) lut_s[i] = p.lut[i];
+        for (int i = threadIdx.x; i < TRELLIS_LUT; i += blockDim.x)
+            lut_s[i] = (uint8_t)(e4m3x2_to_f16x2(p.lut[i]) >> 8);
 
     const uint4 *wsrc = reinterpret_cast<const uint4 *>(
         p.words[z] + ((size_t)grp.expert * (p.rows / 16) + strip) * tiles_c * NW);
@@ -72,81 +114,145 @@ __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const mm_params p) {
         p.scales[z] + ((size_t)grp.expert * p.rows + 16 * strip + g) * spr);
     const uint32_t *sc1 = sc0 + 8 * spr / 4;
     const lane_window lw = lane_window_of<K>(lane);
+    uint32_t sum[2];
+    sum_bytes(sum, lane);
 
     /* The last chunk may be short: cols is a multiple of 128 (the Hadamard blocks), so a
      * chunk holds MM_CHUNK or MM_CHUNK / 2 tiles; nothing past a row's end is read. */
     const int n_chunks = (tiles_c + MM_CHUNK - 1) / MM_CHUNK;
+    auto chunk_tiles = [&](int c) { return min(MM_CHUNK, tiles_c - c * MM_CHUNK); };
     float acc[NG][4] = {};
-    uint4 pre[K]; /* the next chunk of the warp's strip: K uint4 a lane */
-    load_chunk<K>(pre, wsrc, min(tiles_c, MM_CHUNK), lane);
-
-    for (int c = 0; c < n_chunks; c++) {
-        const int tc = min(MM_CHUNK, tiles_c - c * MM_CHUNK); /* tiles in this chunk */
-        __syncthreads(); /* the previous chunk is consumed (and row_s, lut_s are written) */
-#pragma unroll
-        for (int i = 0; i < K; i++) w_s[warp][i * 32 + lane] = pre[i];
-        for (int i = threadIdx.x; i < GT * (CHUNK_COLS / 16); i += blockDim.x) {
-            const int t = i / (CHUNK_COLS / 16), u = i % (CHUNK_COLS / 16), r = row_s[t];
-            const bool in = r >= 0 && u < tc;
-            const uint4 v = !in ? make_uint4(0, 0, 0, 0)
-                                : reinterpret_cast<const uint4 *>(
-                                      p.x + (size_t)r * p.cols + c * CHUNK_COLS)[u];
-            *reinterpret_cast<uint4 *>(&x_s[t][4 * u]) = v;
-            if (FP4) xb_s[t][u] = !in ? 0.0f : p.xb[(size_t)r * (p.cols / 16) + c * 16 + u];
-        }
-        uint32_t s0[SW], s1[SW]; /* block scale bytes of rows g, g + 8 for this chunk */
-        const int sw = tc * 16 / BLOCK / 4;                  /* of them in this chunk */
+    load_chunk<K>(w_s[0][warp], wsrc, chunk_tiles(0), lane); /* the warp's own piece */
+    uint32_t sn0[SW], sn1[SW]; /* block scale bytes of rows g, g + 8 for the next chunk */
+    auto load_scales = [&](int c) {
+        const int sw = chunk_tiles(c) * 16 / BLOCK / 4;
 #pragma unroll
         for (int i = 0; i < SW; i++) {
-            s0[i] = i < sw ? sc0[c * SW + i] : 0u;
-            s1[i] = i < sw ? sc1[c * SW + i] : 0u;
+            sn0[i] = i < sw ? sc0[c * SW + i] : 0u;
+            sn1[i] = i < sw ? sc1[c * SW + i] : 0u;
         }
-        __syncthreads();
-        if (c + 1 < n_chunks)
-            load_chunk<K>(pre, wsrc + (size_t)(c + 1) * K * 32,
-                          min(MM_CHUNK, tiles_c - (c + 1) * MM_CHUNK), lane);
+    };
+    load_scales(0);
 
-        const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[warp]);
+    /* XH: thread i stages tile i % 16 of token i / 16 from registers loaded a chunk ahead. */
+    const int xt = threadIdx.x / MM_CHUNK, xu = threadIdx.x % MM_CHUNK;
+    __syncthreads(); /* row_s, lut_s */
+    const int xr = XH ? row_s[xt] : -1;
+    uint4 xn = make_uint4(0, 0, 0, 0); /* its 16 kappa bytes of the next chunk */
+    float xbn = 0.0f;                  /* law e2m1: their block scale */
+    auto load_x = [&](int c) {
+        if (xr < 0 || xu >= chunk_tiles(c)) {
+            xn = make_uint4(0, 0, 0, 0);
+            xbn = 0.0f;
+            return;
+        }
+        xn = reinterpret_cast<const uint4 *>(p.x + (size_t)xr * p.cols + c * CHUNK_COLS)[xu];
+        if (FP4) xbn = p.xb[(size_t)xr * (p.cols / 16) + c * MM_CHUNK + xu];
+    };
+    auto stage_x = [&](int buf) { /* XH: the registers into x_s[buf] */
+        const uint4 n = lambda_words(xn);
+        const uint32_t v[4] = {n.x, n.y, n.z, n.w};
+        const __half2 xb = __float2half2_rn(xbn);
 #pragma unroll
-        for (int st = 0; st < MM_CHUNK / 2; st++) { /* 32 inputs: tiles 2st, 2st + 1 */
-            if (2 * st >= tc) break;
-            uint32_t a0, a1, a2, a3;
-            lane_codes<K, FP4>(tw + 2 * st * NW, lw, lut_s, a0, a1);
-            lane_codes<K, FP4>(tw + (2 * st + 1) * NW, lw, lut_s, a2, a3);
-            if (!FP4) {
-                const float w0 = e4m3_value(s0[st >> 2] >> (8 * (st & 3)) & 0xff);
-                const float w1 = e4m3_value(s1[st >> 2] >> (8 * (st & 3)) & 0xff);
+        for (int i = 0; i < 4; i++) { /* lambda word q = i of the tile: b0 = low half */
+            uint32_t b0, b1;
+            e4m3x4_to_f16x2(v[i], b0, b1);
+            if (FP4) {
+                b0 = h2_mul(b0, xb);
+                b1 = h2_mul(b1, xb);
+            }
+            *reinterpret_cast<uint2 *>(&x_s[buf][xt][(xu >> 1) * 16 + i * 4 + (xu & 1) * 2]) =
+                make_uint2(b0, b1);
+        }
+    };
+    if (XH) {
+        load_x(0);
+        stage_x(0);
+        if (n_chunks > 1) load_x(1);
+    }
+
+    for (int c = 0; c < n_chunks; c++) {
+        const int tc = chunk_tiles(c);
+        uint32_t s0[2 * SW], s1[2 * SW]; /* this chunk's block scales as f16 pairs */
 #pragma unroll
-                for (int n = 0; n < NG; n++) {
-                    if (8 * n >= grp.count) break; /* no tokens left in the group */
-                    float d[4];
-                    mma_e4m3(d, a0, a1, a2, a3, x_s[8 * n + g][8 * st + q],
-                             x_s[8 * n + g][8 * st + 4 + q]);
-                    acc[n][0] += w0 * d[0];
-                    acc[n][1] += w0 * d[1];
-                    acc[n][2] += w1 * d[2];
-                    acc[n][3] += w1 * d[3];
-                }
-            } else {
+        for (int i = 0; i < SW; i++) {
+            e4m3x4_to_f16x2(sn0[i], s0[2 * i], s0[2 * i + 1]);
+            e4m3x4_to_f16x2(sn1[i], s1[2 * i], s1[2 * i + 1]);
+        }
+        __syncthreads(); /* chunk c - 1 is consumed; XH: chunk c's activations are staged */
+        if (XH) {
+            if (c + 1 < n_chunks) {
+                stage_x((c + 1) & 1);
+                if (c + 2 < n_chunks) load_x(c + 2);
+            }
+        } else {
+            for (int i = threadIdx.x; i < GT * MM_CHUNK; i += blockDim.x) {
+                const int t = i / MM_CHUNK, u = i % MM_CHUNK, r = row_s[t];
+                const bool in = r >= 0 && u < tc;
+                const uint4 v = !in ? make_uint4(0, 0, 0, 0)
+                                    : reinterpret_cast<const uint4 *>(
+                                          p.x + (size_t)r * p.cols + c * CHUNK_COLS)[u];
+                *reinterpret_cast<uint4 *>(&x_s[0][t][4 * u]) = lambda_words(v);
+                if (FP4)
+                    xb_s[t][u] = __float2half2_rn(
+                        !in ? 0.0f : p.xb[(size_t)r * (p.cols / 16) + c * MM_CHUNK + u]);
+            }
+        }
+        if (c + 1 < n_chunks)
+            load_chunk<K>(w_s[(c + 1) & 1][warp], wsrc + (size_t)(c + 1) * K * 32,
+                          chunk_tiles(c + 1), lane);
+        else
+            asm volatile("cp.async.commit_group;" ::: "memory"); /* keeps wait_chunk's count */
+        wait_chunk(); /* chunk c's words, this lane's copies */
+        if (XH)
+            __syncwarp(); /* all the warp's copies */
+        else
+            __syncthreads(); /* and the activations */
+        if (c + 1 < n_chunks) load_scales(c + 1);
+
+        const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[c & 1][warp]);
+        const uint32_t(*xs)[XS] = x_s[c % XB];
+        const uint32_t *xq = &xs[g][q * 4]; /* XH: the lane's B fragments, 16 words a step */
+        auto step = [&](int st) { /* 32 inputs: tiles 2st, 2st + 1 */
+            uint32_t a[2][4];
 #pragma unroll
-                for (int h = 0; h < 2; h++) { /* tile 2st + h: block 2st + h of 16 */
-                    const int b = 2 * st + h;
-                    const float w0 = e4m3_value(s0[b >> 2] >> (8 * (b & 3)) & 0xff);
-                    const float w1 = e4m3_value(s1[b >> 2] >> (8 * (b & 3)) & 0xff);
+            for (int h = 0; h < 2; h++) {
+                lane_operands<K, FP4>(tw + (2 * st + h) * NW, lw, sum, lut_s, a[h]);
+                const int b = FP4 ? 2 * st + h : st; /* the tile's block in the chunk */
+                const __half2 w0 = scale_h2(s0, b), w1 = scale_h2(s1, b);
+                a[h][0] = h2_mul(a[h][0], w0);
+                a[h][2] = h2_mul(a[h][2], w0);
+                a[h][1] = h2_mul(a[h][1], w1);
+                a[h][3] = h2_mul(a[h][3], w1);
+            }
 #pragma unroll
-                    for (int n = 0; n < NG; n++) {
-                        if (8 * n >= grp.count) break;
-                        float d[4];
-                        mma_e4m3(d, h ? 0u : a0, h ? 0u : a1, h ? a2 : 0u, h ? a3 : 0u,
-                                 x_s[8 * n + g][8 * st + q], x_s[8 * n + g][8 * st + 4 + q]);
-                        const float x0 = xb_s[8 * n + 2 * q][b], x1 = xb_s[8 * n + 2 * q + 1][b];
-                        acc[n][0] += w0 * x0 * d[0];
-                        acc[n][1] += w0 * x1 * d[1];
-                        acc[n][2] += w1 * x0 * d[2];
-                        acc[n][3] += w1 * x1 * d[3];
+            for (int n = 0; n < NG; n++) {
+                if (n && 8 * n >= grp.count) break; /* no tokens left in the group */
+                if (XH) {
+                    const uint4 bx = *reinterpret_cast<const uint4 *>(xq + st * 16);
+                    mma_f16(acc[n], a[0], bx.x, bx.y);
+                    mma_f16(acc[n], a[1], bx.z, bx.w);
+                } else {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint32_t v = xs[8 * n + g][8 * st + 4 * h + q];
+                        uint32_t b0, b1;
+                        e4m3x4_to_f16x2(v, b0, b1);
+                        if (FP4) {
+                            const __half2 xb = xb_s[8 * n + g][2 * st + h];
+                            b0 = h2_mul(b0, xb);
+                            b1 = h2_mul(b1, xb);
+                        }
+                        mma_f16(acc[n], a[h], b0, b1);
                     }
                 }
             }
+        };
+#pragma unroll
+        for (int half = 0; half < 2; half++) { /* a short chunk is its first half */
+            if (half && tc < MM_CHUNK) break;
+#pragma unroll
+            for (int st = 0; st < MM_CHUNK / 4; st++) step(half * (MM_CHUNK / 4) + st);
         }
     }
 
@@ -197,23 +303,44 @@ cudaError_t trellis_mm_launch(int fp4, int K, int group, const mm_params &p, int
 
 /* --- the decode check ------------------------------------------------------------------- */
 
+/* The E4M3 byte of an f16 operand value; 0x7F (NaN, never a code) where it is not an E4M3
+ * value, so that the check sees it. */
+__device__ __forceinline__ uint8_t operand_byte(uint32_t h) {
+    const uint32_t b = f16x2_to_e4m3x2(h) & 0xffu;
+    return (e4m3x2_to_f16x2(b) & 0xffffu) == h ? (uint8_t)b : 0x7F;
+}
+
 template <int K, bool FP4>
 __global__ void decode_kernel(const uint32_t *words, int n_tiles, const uint8_t *lut,
                               uint8_t *out) {
     constexpr int NW = 8 * K;
     __shared__ uint32_t w_s[NW];
     __shared__ uint8_t lut_s[FP4 ? TRELLIS_LUT : 1];
-    const int lane = threadIdx.x;
+    const int lane = threadIdx.x, g = lane >> 2, q = lane & 3;
     if (FP4)
-        for (int i = lane; i < TRELLIS_LUT; i += 32) lut_s[i] = lut[i];
+        for (int i = lane; i < TRELLIS_LUT; i += 32)
+            lut_s[i] = (uint8_t)(e4m3x2_to_f16x2(lut[i]) >> 8);
     const lane_window lw = lane_window_of<K>(lane);
+    uint32_t sum[2];
+    sum_bytes(sum, lane);
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
         __syncwarp();
         for (int i = lane; i < NW; i += 32) w_s[i] = words[(size_t)t * NW + i];
         __syncwarp();
-        uint32_t a0, a1;
-        lane_codes<K, FP4>(w_s, lw, lut_s, a0, a1);
-        reinterpret_cast<uint2 *>(out + (size_t)t * 256)[lane] = make_uint2(a0, a1);
+        uint32_t a[4];
+        lane_operands<K, FP4>(w_s, lw, sum, lut_s, a);
+        /* a_i half e: row g + 8(i & 1), column 8(i >> 1) + 4(q & 1) + (q >> 1) + 2e, which is
+         * trellis position 8(4 (row % 8) + (column % 8) / 2) + (column & 1) + 2 (column / 8)
+         * + 4 (row / 8) (§2) */
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int col = 8 * (i >> 1) + 4 * (q & 1) + (q >> 1) + 2 * e;
+                const int pos = 8 * (4 * g + (col & 7) / 2) + (col & 1) + 2 * (col >> 3) +
+                                4 * (i & 1);
+                out[(size_t)t * 256 + pos] = operand_byte(a[i] >> (16 * e) & 0xffffu);
+            }
     }
 }
 

@@ -1,8 +1,10 @@
 /* test_trellis_cuda_cpu.c: the parts of the device path that a machine without a GPU can
  * check. The operand bytes the bench expects from the GPU (reference.c) hold the spec's tile
- * values at the spec's positions; the kappa order and lane registers, put through
- * mma.m16n8k32 as the PTX ISA lays out its fragments (emulated), give W x exactly; and both
- * codec plugins carry the device ops, refusing a kernel set other than "cuda". */
+ * values at the spec's positions; the lanes' states, byte-sum MMAs, A fragments and staged
+ * activations, put through mma.m16n8k32 (u8) and mma.m16n8k16 (f16) as the PTX ISA lays out
+ * their fragments (emulated), give the spec's values at the positions the kernels assume and
+ * W x exactly; and both codec plugins carry the device ops, refusing a kernel set other than
+ * "cuda". */
 #include <dlfcn.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -53,12 +55,75 @@ static void test_operands(void **state) {
     }
 }
 
-static uint32_t reg_of(const uint8_t *b) {
-    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+/* --- the lanes of decode.cuh and mm.cu, emulated ------------------------------------------- */
+
+/* lane_window_of and lane_states: the lane's eight states from the tile's words. */
+static void lane_states(const uint32_t *w, int K, int lane, uint32_t s[8]) {
+    const int nw = 8 * K;
+    int b = 8 * lane * K + K - 16;
+    if (b < 0) b += 256 * K;
+    const int i0 = b >> 5, off = b & 31, i1 = i0 + 1 == nw ? 0 : i0 + 1,
+              i2 = i1 + 1 == nw ? 0 : i1 + 1;
+    const uint64_t win = ((uint64_t)w[i0] << 32 | w[i1]) << off | (off ? w[i2] >> (32 - off) : 0);
+    for (int j = 0; j < 8; j++) s[j] = (uint32_t)(win >> (48 - j * K)) & 0xffffu;
 }
 
-/* Two tiles side by side (16 rows, 32 inputs) times 8 tokens through the emulated MMA, with
- * the registers and the kappa order the kernels use, equal the plain products exactly. */
+/* mma.m16n8k32 u8 -> s32 as the PTX ISA lays out its fragments: a_i byte j at row
+ * g + 8(i & 1), column 4q + j + 16(i >> 1); b_i byte j at row 4q + j + 16i, column g; d_i at
+ * row g + 8(i >> 1), column 2q + (i & 1); every element of C is c. */
+static void mma_u8(const uint32_t a[32][4], const uint32_t b[32][2], uint32_t c,
+                   uint32_t d[32][4]) {
+    uint32_t A[16][32], B[32][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, q = l & 3;
+        for (int j = 0; j < 4; j++) {
+            for (int i = 0; i < 4; i++)
+                A[g + 8 * (i & 1)][4 * q + j + 16 * (i >> 1)] = a[l][i] >> (8 * j) & 0xff;
+            for (int i = 0; i < 2; i++) B[4 * q + j + 16 * i][g] = b[l][i] >> (8 * j) & 0xff;
+        }
+    }
+    for (int l = 0; l < 32; l++)
+        for (int i = 0; i < 4; i++) {
+            uint32_t sum = c;
+            for (int k = 0; k < 32; k++)
+                sum += A[(l >> 2) + 8 * (i >> 1)][k] * B[k][2 * (l & 3) + (i & 1)];
+            d[l][i] = sum;
+        }
+}
+
+/* mma.m16n8k16 in double: a_i half e at row g + 8(i & 1), column 2q + e + 8(i >> 1); b_i half
+ * e at row 2q + e + 8i, column g; d_i at row g + 8(i >> 1), column 2q + (i & 1). */
+static void mma_f16(const double a[32][4][2], const double b[32][2][2], double d[32][4]) {
+    double A[16][16], B[16][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, q = l & 3;
+        for (int e = 0; e < 2; e++) {
+            for (int i = 0; i < 4; i++) A[g + 8 * (i & 1)][2 * q + e + 8 * (i >> 1)] = a[l][i][e];
+            for (int i = 0; i < 2; i++) B[2 * q + e + 8 * i][g] = b[l][i][e];
+        }
+    }
+    for (int l = 0; l < 32; l++)
+        for (int i = 0; i < 4; i++) {
+            double sum = 0.0;
+            for (int k = 0; k < 16; k++)
+                sum += A[(l >> 2) + 8 * (i >> 1)][k] * B[k][2 * (l & 3) + (i & 1)];
+            d[l][i] = sum;
+        }
+}
+
+/* __byte_perm: byte i of the result is byte (sel >> 4i) & 7 of y:x. */
+static uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t sel) {
+    const uint64_t v = (uint64_t)y << 32 | x;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) r |= (uint32_t)(v >> (8 * (sel >> (4 * i) & 7)) & 0xff) << (8 * i);
+    return r;
+}
+
+/* One tile times 8 tokens as the kernels compute it: the lanes' states multiplied by
+ * 0x83DCD12D, summed by two u8 MMAs (sum_bytes), the sums turned into values by the law and
+ * placed in the A fragment (lane_operands), the activations in kappa order staged in lambda
+ * order (lambda_words), one f16 MMA: equal to the plain products in double. The sums also
+ * equal sigma + c of the states the lanes assume, at the columns decode_kernel writes. */
 static void test_mma_layout(void **state) {
     (void)state;
     for (int fp4 = 0; fp4 < 2; fp4++) {
@@ -66,36 +131,69 @@ static void test_mma_layout(void **state) {
         law_init(&law, fp4);
         for (int rep = 0; rep < 20; rep++) {
             const int K = 2 + rep % 5;
-            uint32_t w[2][8 * TMX_TRELLIS_K_MAX];
-            uint8_t ops[2][TMX_TRELLIS_TILE], x[8][32], xk[8][32];
-            float c[2][TMX_TRELLIS_TILE];
-            for (int h = 0; h < 2; h++) {
-                random_tile(K, w[h]);
-                trellis_ref_operands(&law, w[h], K, ops[h]);
-                tmx_trellis_decode_values(&law, w[h], K, c[h]);
-            }
+            uint32_t w[8 * TMX_TRELLIS_K_MAX];
+            uint8_t x[8][16], xk[8][16];
+            float c[TMX_TRELLIS_TILE];
+            random_tile(K, w);
+            tmx_trellis_decode_values(&law, w, K, c);
             for (int t = 0; t < 8; t++) {
-                for (int i = 0; i < 32; i++) {
+                for (int i = 0; i < 16; i++) {
                     x[t][i] = (uint8_t)(rnd() & 0xff);
                     if ((x[t][i] & 0x7f) == 0x7f) x[t][i] ^= 1; /* no NaN */
                 }
-                trellis_ref_kappa(x[t], 32, xk[t]);
+                trellis_ref_kappa(x[t], 16, xk[t]);
             }
-            uint32_t a[32][4], b[32][2];
-            double d[32][4];
+            const uint32_t base = fp4 ? 0 : 0x6400;
+            uint32_t a8[2][32][4], sum[32][2], d8[2][32][4];
+            for (int l = 0; l < 32; l++) {
+                uint32_t s[8];
+                lane_states(w, K, l, s);
+                for (int j = 0; j < 8; j++) {
+                    assert_int_equal(s[j], tmx_trellis_state(w, K, 8 * l + j));
+                    s[j] *= 0x83DCD12Du;
+                }
+                const uint32_t a[2][4] = {{s[0], s[4], s[1], s[5]}, {s[2], s[6], s[3], s[7]}};
+                memcpy(a8[0][l], a[0], sizeof a[0]);
+                memcpy(a8[1][l], a[1], sizeof a[1]);
+                const int g = l >> 2, q = l & 3;
+                sum[l][0] = q == g ? 0x01010101u : 0u;
+                sum[l][1] = q + 4 == g ? 0x01010101u : 0u;
+            }
+            mma_u8(a8[0], sum, base, d8[0]);
+            mma_u8(a8[1], sum, base, d8[1]);
+            double av[32][4][2], bv[32][2][2], d[32][4];
             for (int l = 0; l < 32; l++) {
                 const int g = l >> 2, q = l & 3;
-                for (int i = 0; i < 4; i++) a[l][i] = reg_of(&ops[i >> 1][8 * l + 4 * (i & 1)]);
-                b[l][0] = reg_of(&xk[g][4 * q]);
-                b[l][1] = reg_of(&xk[g][16 + 4 * q]);
+                for (int i = 0; i < 4; i++)
+                    for (int e = 0; e < 2; e++) {
+                        const uint32_t sig = d8[i >> 1][l][2 * (i & 1) + e] - base;
+                        const int row = g + 8 * (i & 1),
+                                  col = 8 * (i >> 1) + 4 * (q & 1) + (q >> 1) + 2 * e;
+                        const int pos = 8 * (4 * g + (col & 7) / 2) + (col & 1) +
+                                        2 * (col >> 3) + 4 * (i & 1);
+                        assert_int_equal(tmx_trellis_pos(pos), 16 * row + col);
+                        assert_int_equal(sig, tmx_trellis_sigma(tmx_trellis_state(w, K, pos)));
+                        av[l][i][e] = law.value[sig];
+                        assert_true(av[l][i][e] == c[16 * row + col]);
+                    }
+                /* the staged word of lane q: lambda word q of the token's kappa words */
+                uint32_t kw[4];
+                memcpy(kw, xk[g], sizeof kw);
+                const uint32_t lw = q == 0   ? byte_perm(kw[0], kw[1], 0x6240)
+                                    : q == 1 ? byte_perm(kw[2], kw[3], 0x6240)
+                                    : q == 2 ? byte_perm(kw[0], kw[1], 0x7351)
+                                             : byte_perm(kw[2], kw[3], 0x7351);
+                for (int i = 0; i < 2; i++)
+                    for (int e = 0; e < 2; e++)
+                        bv[l][i][e] = tmx_e4m3_to_f32(lw >> (16 * i + 8 * e) & 0xff);
             }
-            trellis_ref_mma(a, b, d);
+            mma_f16(av, bv, d);
             for (int l = 0; l < 32; l++)
                 for (int i = 0; i < 4; i++) {
                     const int r = (l >> 2) + 8 * (i >> 1), t = 2 * (l & 3) + (i & 1);
                     double y = 0.0;
-                    for (int k = 0; k < 32; k++)
-                        y += (double)c[k >> 4][16 * r + (k & 15)] * tmx_e4m3_to_f32(x[t][k]);
+                    for (int k = 0; k < 16; k++)
+                        y += (double)c[16 * r + k] * tmx_e4m3_to_f32(x[t][k]);
                     assert_true(d[l][i] == y);
                 }
         }
