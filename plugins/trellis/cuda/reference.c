@@ -1,8 +1,6 @@
 /* reference.c: the device layout, computed on the CPU from plugins/trellis (reference.h). */
 #include "reference.h"
 
-#include "tmx/tensor.h"
-
 uint8_t trellis_ref_e2m1_as_e4m3(uint8_t nibble) {
     static const uint8_t mag[8] = {0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C};
     return (uint8_t)((nibble & 0x8 ? 0x80 : 0x00) | mag[nibble & 7]);
@@ -25,29 +23,4 @@ void trellis_ref_kappa(const uint8_t *in, int64_t n, uint8_t *out) {
         for (int q = 0; q < 4; q++)
             for (int i = 0; i < 4; i++)
                 out[b + 4 * q + i] = in[b + 2 * q + (i & 1) + 8 * (i >> 1)];
-}
-
-static double byte_value(uint32_t reg, int j) { return tmx_e4m3_to_f32(reg >> (8 * j) & 0xff); }
-
-void trellis_ref_mma(const uint32_t a[32][4], const uint32_t b[32][2], double d[32][4]) {
-    double A[16][32], B[32][8];
-    for (int l = 0; l < 32; l++) {
-        const int g = l >> 2, q = l & 3;
-        /* a_i byte j: row g + 8(i & 1), column 4q + j + 16(i >> 1) */
-        for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 4; j++)
-                A[g + 8 * (i & 1)][4 * q + j + 16 * (i >> 1)] = byte_value(a[l][i], j);
-        /* b_i byte j: row (k) 4q + j + 16i, column (n) g */
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < 4; j++) B[4 * q + j + 16 * i][g] = byte_value(b[l][i], j);
-    }
-    for (int l = 0; l < 32; l++) {
-        const int g = l >> 2, q = l & 3;
-        /* d_i: row g + 8(i >> 1), column 2q + (i & 1) */
-        for (int i = 0; i < 4; i++) {
-            double s = 0.0;
-            for (int k = 0; k < 32; k++) s += A[g + 8 * (i >> 1)][k] * B[k][2 * q + (i & 1)];
-            d[l][i] = s;
-        }
-    }
 }

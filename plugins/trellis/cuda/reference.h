@@ -1,7 +1,6 @@
 /* reference.h: what the device's registers and activation rows must hold, computed on the
  * CPU from the reference decoder (plugins/trellis): the bench compares the GPU with it, and
- * test_trellis_cuda_cpu checks it against the spec's tile values and the PTX fragment layout
- * of mma.m16n8k32. */
+ * test_trellis_cuda_cpu checks it against the spec's tile values. */
 #ifndef TMX_TRELLIS_CUDA_REFERENCE_H
 #define TMX_TRELLIS_CUDA_REFERENCE_H
 
@@ -18,8 +17,5 @@ uint8_t trellis_ref_e2m1_as_e4m3(uint8_t nibble);
 /* out[n] <- in[n] in kappa order (trellis_cuda.h): in[16h + 2q + (i & 1) + 8(i >> 1)] goes to
  * out[16h + 4q + i], n % 16 == 0. */
 void trellis_ref_kappa(const uint8_t *in, int64_t n, uint8_t *out);
-/* One mma.m16n8k32 E4M3 product as the PTX ISA lays out its fragments, in double: lane l's A
- * registers a[l][4], B registers b[l][2], result d[l][4]. */
-void trellis_ref_mma(const uint32_t a[32][4], const uint32_t b[32][2], double d[32][4]);
 
 #endif
