@@ -2,8 +2,9 @@
  *
  * The cache holds F32, BF16, F8_E4M3 or I8 rows; the two 8-bit formats carry one F32 scale per
  * (slot, KV head). A warp owns one head row of hd <= CU_MAX_HEAD_DIM elements, lane l holding
- * elements l, l + 32, ...: kv_store quantizes a row with a warp-wide amax, attention keeps q
- * and the output accumulator of one (token, query head) in registers. */
+ * elements l, l + 32, ...: kv_store quantizes a row with a warp-wide amax; attention keeps q
+ * and a partial output accumulator of one (token, query head) in registers, several warps
+ * sharing its positions. */
 #include "cuda-dev.cuh"
 
 #define PER_LANE (CU_MAX_HEAD_DIM / 32)
@@ -176,20 +177,25 @@ struct attn_args {
     float scale;
 };
 
-/* A warp per (token, query head): one pass over the visible positions with an online softmax.
- * The running max m and sum l are rescaled when a score raises the max, so every exponent is at
- * most 0 and the result is the exact softmax up to rounding. */
+#define ATT_WARPS 8 /* warps sharing the positions of one (token, query head) */
+
+/* A block per (token, query head); warp w takes the visible positions lo + w, lo + w + ATT_WARPS,
+ * ... in one pass with an online softmax: the running max m and sum l are rescaled when a
+ * score raises the max, so every exponent is at most 0. The warps' partial (m, l, acc) then
+ * merge in shared memory, rescaled to the common max: the exact softmax up to rounding, with
+ * the positions of a long context spread over ATT_WARPS warps instead of one. */
 template <int KT>
-__global__ void __launch_bounds__(WARPS * 32)
+__global__ void __launch_bounds__(ATT_WARPS * 32)
 attention_kernel(struct tmx_kv_cache kv, struct attn_args a, int *dev_err) {
-    int64_t task = (int64_t)blockIdx.x * WARPS + threadIdx.x / 32;
-    if (task >= (int64_t)a.n * a.hq) return;
-    int lane = threadIdx.x % 32, hd = kv.hd;
-    int t = (int)(task / a.hq), h = (int)(task % a.hq), kvh = h / (a.hq / kv.hkv);
-    int s = a.seq[t], p = a.pos[t];
+    __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
+    __shared__ float s_acc[ATT_WARPS][CU_MAX_HEAD_DIM]; /* [warp][hd] */
+    const int64_t task = blockIdx.x;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, hd = kv.hd;
+    const int t = (int)(task / a.hq), h = (int)(task % a.hq), kvh = h / (a.hq / kv.hkv);
+    const int s = a.seq[t], p = a.pos[t];
     float *out = a.out + task * hd;
-    if (s < 0 || p < 0) {
-        flag(dev_err, s < 0 ? CU_DEV_BLOCK : CU_DEV_POSITION);
+    if (s < 0 || p < 0) { /* the whole block leaves */
+        if (threadIdx.x == 0) flag(dev_err, s < 0 ? CU_DEV_BLOCK : CU_DEV_POSITION);
         return;
     }
     float qv[PER_LANE], acc[PER_LANE];
@@ -202,12 +208,12 @@ attention_kernel(struct tmx_kv_cache kv, struct attn_args a, int *dev_err) {
     const int32_t *table = a.tables + (int64_t)s * a.max_blocks;
     const bool scaled = KT == TMX_DTYPE_F8_E4M3 || KT == TMX_DTYPE_I8;
     float m = -INFINITY, l = 0.0f;
-    for (int j = lo; j <= p; j++) {
+    for (int j = lo + warp; j <= p; j += ATT_WARPS) {
         int bi = j / kv.block_size;
         int blk = bi < a.max_blocks ? table[bi] : -1;
-        if (blk < 0 || blk >= kv.n_blocks) {
+        if (blk < 0 || blk >= kv.n_blocks) { /* stop, but stay for the merge's barrier */
             flag(dev_err, CU_DEV_BLOCK);
-            return;
+            break;
         }
         int64_t row = ((int64_t)blk * kv.block_size + j % kv.block_size) * kv.hkv + kvh;
         float ks = scaled ? kv.k_scale[row] : 1.0f, vs = scaled ? kv.v_scale[row] : 1.0f;
@@ -230,9 +236,30 @@ attention_kernel(struct tmx_kv_cache kv, struct attn_args a, int *dev_err) {
             if (i < hd) acc[jj] += e * (kv_load<KT>(kv.v, row * hd + i) * vs);
         }
     }
+    if (lane == 0) {
+        s_m[warp] = m;
+        s_l[warp] = l;
+    }
     for (int jj = 0; jj < PER_LANE; jj++) {
         int i = lane + 32 * jj;
-        if (i < hd) out[i] = acc[jj] / l;
+        if (i < hd) s_acc[warp][i] = acc[jj];
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    float mx = -INFINITY, sum = 0.0f, o[PER_LANE] = {};
+    for (int w = 0; w < ATT_WARPS; w++) mx = fmaxf(mx, s_m[w]);
+    for (int w = 0; w < ATT_WARPS; w++) {
+        if (s_m[w] == -INFINITY) continue; /* a warp that saw no position */
+        float r = expf(s_m[w] - mx);
+        sum += s_l[w] * r;
+        for (int jj = 0; jj < PER_LANE; jj++) {
+            int i = lane + 32 * jj;
+            if (i < hd) o[jj] += s_acc[w][i] * r;
+        }
+    }
+    for (int jj = 0; jj < PER_LANE; jj++) {
+        int i = lane + 32 * jj;
+        if (i < hd) out[i] = o[jj] / sum;
     }
 }
 
@@ -251,8 +278,8 @@ extern "C" void cu_attention(void *ctx, float *out, const float *q, const struct
     }
     if (n == 0) return;
     struct attn_args a = {out, q, tables, seq, pos, max_blocks, n, hq, window, scale};
-    int64_t tasks = (int64_t)n * hq;
-    CU_DISPATCH_KV(kv->dtype, (attention_kernel<KT><<<blocks_for(tasks, WARPS), WARPS * 32, 0,
-                                                      c->stream>>>(*kv, a, c->dev_err)));
+    const unsigned tasks = (unsigned)((int64_t)n * hq); /* a block each */
+    CU_DISPATCH_KV(kv->dtype, (attention_kernel<KT><<<tasks, ATT_WARPS * 32, 0, c->stream>>>(
+                                  *kv, a, c->dev_err)));
     cu_check_launch(c, "attention");
 }

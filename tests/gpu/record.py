@@ -85,6 +85,22 @@ def main():
             f = v.split()
             md.append(f"| {m} | {f[0]} | {f[1]} | {' '.join(f[2:5])} | {' '.join(f[5:])} |"
                       if len(f) >= 7 else f"| {m} | {v} | | | |")
+    mini = a.files / "muse-mini.json"
+    if mini.exists():  # tests/gpu/muse_mini.sh
+        mm = json.loads(mini.read_text())
+        doc["muse_mini"] = mm
+        (a.docs / "h200-kernels.json").write_text(json.dumps(doc, indent=1) + "\n")
+        md += ["\n## muse-mini, the trained default model (`tests/gpu/muse_mini.sh`)\n",
+               "The BF16 teacher and its K3 builds (made on the GPU machine by `tmx quantize` "
+               "with its built-in calibration sample): 64 greedy tokens with kernels cpu and "
+               "cuda compared; KL(cpu || cuda) and top-1 over windows of 512 tokens of "
+               "README.md; decode tokens/s over 256 tokens (cuda with graphs, cuda eager, cpu on "
+               f"{mm['cpu_cores']} cores).\n",
+               "| model | greedy 64 tokens | KLD, top-1 (windows, rows, value [95%]) | decode tok/s |",
+               "|---|---|---|---|"]
+        for r in mm["runs"]:
+            md.append(f"| {r['model']} | {r['greedy_64']} | {r['kld_cpu_vs_cuda']} | "
+                      f"{r['decode_tok_s_256']} |")
     (a.docs / "h200.md").write_text("\n".join(md) + "\n")
 
 

@@ -71,8 +71,8 @@ gen() { # model kernels kv n -> stdout of tmx generate; its stderr goes to gener
 }
 : > "$OUT/generate.txt"
 rows=()
-models="bf16 f32"
-for b in k3 k3fp4; do [ -f ".devmodels/muse-tiny-$b/config.json" ] && models+=" $b"; done
+models=""
+for b in bf16 f32 k3 k3fp4; do [ -f ".devmodels/muse-tiny-$b/config.json" ] && models+=" $b"; done
 for dt in $models; do
     kvs="f32 bf16 fp8 int8"
     case $dt in k3*) kvs="f32 fp8" ;; esac
