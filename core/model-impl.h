@@ -45,6 +45,8 @@ struct tmx_model {
     const struct tmx_plugin *codec;               /* routed experts' codec, or NULL */
     const struct tmx_codec_i *codec_ops;
     void *codec_ctx;
+    char *codec_dir;                              /* where the codec reads the experts: the
+                                                     checkpoint, or a tmx pack's rank folder */
     struct kv_state *kv;                          /* tmx_model_kv_init: cache and step */
     tmx_capture_fn capture;                       /* calibration hook, or NULL */
     void *capture_arg;

@@ -1,10 +1,10 @@
 /* model.c: loading a Muse (or Llama) checkpoint onto a kernel set (docs/model.md).
  *
  * Loading binds every tensor by name, checks its shape, and imports it into the kernel set;
- * routed experts go to the checkpoint's codec when it has one. A rank of a tensor-parallel
- * model binds its slice of each split weight (docs/tp.md): row slices are views of the
- * mmapped tensor, column slices copies the model owns. The KV cache, sequences and the
- * forward step are in forward.c. */
+ * routed experts go to the checkpoint's codec when it has one (from a rank's folder when the
+ * checkpoint is a tmx pack, tmx/pack.h). A rank of a tensor-parallel model binds its slice of
+ * each split weight (docs/tp.md): row slices are views of the mmapped tensor, column slices
+ * copies the model owns. The KV cache, sequences and the forward step are in forward.c. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "model-impl.h"
+#include "tmx/pack.h"
 
 /* Keeps a host array the model converted (it must outlive the imported weight). */
 static void *own(struct tmx_model *m, size_t nbytes) {
@@ -224,8 +225,7 @@ static enum tmx_status bind_layer(struct tmx_model *m, const struct tmx_checkpoi
 #undef C
     if ((st = bind_bias(m, ck, ly, l, err))) return st;
     if (m->codec) {
-        const struct tmx_codec_layer_info info = {tmx_checkpoint_dir(ck), l, (int)E, (int)lat,
-                                                  (int)f};
+        const struct tmx_codec_layer_info info = {m->codec_dir, l, (int)E, (int)lat, (int)f};
         st = tp->n > 1 ? m->codec_ops->layer_load_slice(m->codec_ctx, &info, tp->rank, tp->n,
                                                         &ly->codec_layer, err)
                        : m->codec_ops->layer_load(m->codec_ctx, &info, &ly->codec_layer, err);
@@ -423,6 +423,8 @@ enum tmx_status tmx_model_load_rank(const struct tmx_checkpoint *ck, const struc
     if (st == TMX_OK) st = open_codec(m, tmx_checkpoint_dir(ck), ps, err);
     if (st == TMX_OK)
         st = plan_shard(m, tmx_checkpoint_dir(ck), n > 1 ? tmx_comm_rank(tp->ctl) : 0, n, err);
+    if (st == TMX_OK && m->codec)
+        st = tmx_pack_rank_dir(tmx_checkpoint_dir(ck), m->tp.rank, n, &m->codec_dir, err);
     if (n > 1) {
         m->tp.ctl = tp->ctl;
         m->tp.data = tp->data ? tp->data : tp->ctl;
@@ -468,6 +470,7 @@ void tmx_model_free(struct tmx_model *m) {
     if (m->codec) m->codec_ops->fini(m->codec_ctx);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
+    free(m->codec_dir);
     free(m->layers);
     free(m->imported);
     free(m);

@@ -63,6 +63,7 @@ int cmd_conform(int argc, char **argv);
 int cmd_eval_kld(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_pack(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);

@@ -14,6 +14,7 @@ static const struct {
     {"eval-kld", cmd_eval_kld, "KL divergence and top-1 agreement of a model against its teacher"},
     {"generate", cmd_generate, "continue a prompt and print the text and tokens/s"},
     {"inspect", cmd_inspect, "print a checkpoint's config, tensors and the plugins it needs"},
+    {"pack", cmd_pack, "lay out a TrellisMX build per tensor-parallel rank, without re-encoding"},
     {"plan", cmd_plan, "will a model fit these GPUs: weights, runtime and KV cache per rank"},
     {"quantize", cmd_quantize, "code a BF16 checkpoint's routed experts with a codec (TrellisMX)"},
     {"serve", cmd_serve, "serve a model over an OpenAI-compatible HTTP API"},

@@ -4,7 +4,9 @@
  * three sign vectors; experts/layer-LLL-SSS-EEE.safetensors, found by the naming rule, the
  * experts in chunks. Every name, dtype, shape and metadata field is checked before a byte is
  * used, and every message names the file. The trellis words and signs stay views of the
- * mmapped files; the block scales are expanded from CSF here, once. */
+ * mmapped files; the block scales are expanded from CSF here, once. A rank folder of `tmx pack`
+ * (its tmx-pack.json names the rank) holds the rank's slice already cut: it is read as is. */
+#include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,6 +240,37 @@ static enum tmx_status slice_layer(const struct tmx_host *host, const char *name
     return TMX_OK;
 }
 
+/* Whether `dir` is a rank folder of `tmx pack` (docs/tp.md): *packed 1 when its tmx-pack.json
+ * says it holds rank `rank` of n_ranks; an error when it holds another. */
+static enum tmx_status packed_rank(const struct trellis_codec *c, const char *dir, int layer,
+                                   int rank, int n_ranks, int *packed, char **err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tmx-pack.json", dir);
+    *packed = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return TMX_OK;
+    json_error_t je;
+    json_t *j = json_loadf(f, JSON_REJECT_DUPLICATES, &je);
+    fclose(f);
+    if (!j) return c->host->err(err, TMX_ERR_INVALID, "%s: %s", path, je.text);
+    const json_t *tp = json_object_get(j, "tp"), *r = json_object_get(j, "rank");
+    enum tmx_status st = TMX_OK;
+    /* without "rank" it is a pack's index: the core opens the rank folders below it */
+    if (r && (!json_is_integer(tp) || !json_is_integer(r))) {
+        st = c->host->err(err, TMX_ERR_INVALID, "%s: \"tp\" and \"rank\" must be integers",
+                          path);
+    } else if (r && (json_integer_value(tp) != n_ranks || json_integer_value(r) != rank)) {
+        st = c->host->err(err, TMX_ERR_INVALID, "codec.%s: layer %d: %s holds rank %lld of "
+                          "tp = %lld, loaded as rank %d of tp = %d", c->spec->name, layer, path,
+                          (long long)json_integer_value(r), (long long)json_integer_value(tp),
+                          rank, n_ranks);
+    } else {
+        *packed = r != NULL;
+    }
+    json_decref(j);
+    return st;
+}
+
 void tmx_trellis_codec_layer_free(void *ctx, void *layer) {
     const struct trellis_codec *c = ctx;
     struct trellis_layer *l = layer;
@@ -282,11 +315,16 @@ enum tmx_status tmx_trellis_codec_layer_load_slice(void *ctx,
     enum tmx_status st = tmx_trellis_quant_config_read(path, c->id, &q, &msg);
     if ((st = relay(host, err, st, msg)) != TMX_OK) return st;
 
+    int packed;
+    if ((st = packed_rank(c, info->model_dir, info->layer, rank, n_ranks, &packed, err)))
+        return st;
+    /* a packed rank's files hold its slice: [i0, i0 + held) of the intermediate rows */
+    const int held = info->inter / n_ranks, i0 = held * rank;
     struct trellis_layer *l = calloc(1, sizeof *l);
     if (!l) return host->err(err, TMX_ERR_NOMEM, "out of memory");
     *l = (struct trellis_layer){.layer = info->layer, .n_experts = info->n_experts,
                                 .latent = info->latent, .inter = info->inter};
-    const int64_t per_expert = 3 * (int64_t)l->latent * (l->inter / block);
+    const int64_t per_expert = 3 * (int64_t)l->latent * ((packed ? held : l->inter) / block);
     l->n_files = (l->n_experts + q.experts_per_file - 1) / q.experts_per_file;
     l->mat = calloc((size_t)l->n_experts * 3, sizeof *l->mat);
     l->files = calloc((size_t)l->n_files, sizeof *l->files);
@@ -301,6 +339,10 @@ enum tmx_status tmx_trellis_codec_layer_load_slice(void *ctx,
     st = tmx_trellis_law_init(&l->law, c->spec->law, q.alpha, &msg);
     st = relay(host, err, st, msg);
     if (st == TMX_OK) st = load_coupled(host, info->model_dir, l, err);
+    if (st == TMX_OK && packed) { /* sign_intermediate stays whole in every rank folder */
+        l->inter = held;
+        l->sign_mid += i0 / 8;
+    }
     int64_t scale_off = 0;
     for (int f = 0; st == TMX_OK && f < l->n_files; f++) {
         const int first = f * q.experts_per_file;
@@ -309,7 +351,7 @@ enum tmx_status tmx_trellis_codec_layer_load_slice(void *ctx,
         st = load_chunk(host, info->model_dir, first, last, q.bits, block, l, &l->files[f],
                         &scale_off, err);
     }
-    if (st == TMX_OK && n_ranks > 1)
+    if (st == TMX_OK && n_ranks > 1 && !packed)
         st = slice_layer(host, c->spec->name, l, rank, n_ranks, err);
     if (st != TMX_OK) {
         tmx_trellis_codec_layer_free(ctx, l);

@@ -5,10 +5,15 @@
 #     tests/tp/netns.sh [BIN_DIR]      (default build/bin)
 #
 # Runs `tmx-comm-check --backend mpi` as two ranks, one per namespace, and checks that the
-# traffic went over the veth. Needs root (creating namespaces), ip (iproute2) and mpirun; when
-# it cannot make the namespaces it says why and exits 77, which ctest counts as skipped.
+# traffic went over the veth; then `tmx generate` of muse-tiny (tools/make_tiny_model.py: 4
+# heads, 2 KV heads) as the same two ranks, whose greedy text must be TP = 1's. Needs root
+# (creating namespaces), ip (iproute2) and mpirun; when it cannot make the namespaces it says
+# why and exits 77, which ctest counts as skipped. The model needs a Python with numpy and
+# tokenizers ($PYTHON, else the repository's .venv, else python3); without one the generate
+# part is skipped, and so (77) is the test after the collectives pass.
 set -euo pipefail
-bin=$(realpath "${1:-$(dirname "$0")/../../build/bin}")
+root=$(realpath "$(dirname "$0")/../..")
+bin=$(realpath "${1:-$root/build/bin}")
 skip() { echo "SKIP: $*"; exit 77; }
 
 command -v ip >/dev/null || skip "no ip command (iproute2 is not installed)"
@@ -71,6 +76,32 @@ if [ "$sent" -lt $((1 << 20)) ]; then
   exit 1
 fi
 
-# Greedy text across the two namespaces against TP = 1 belongs here, once the tensor-parallel
-# model exists (issue 7): run_across "$bin/tmx" generate ... compared with a one-rank run.
+# Greedy text: muse-tiny split over the two "hosts" against one rank outside them.
+python=
+for p in "${PYTHON:-}" "$root/.venv/bin/python3" python3; do
+  if [ -n "$p" ] && "$p" -c 'import numpy, tokenizers' 2>/dev/null; then python=$p; break; fi
+done
+[ -n "$python" ] || skip "the collectives passed; no Python with numpy and tokenizers to make" \
+  "muse-tiny for the generate part"
+"$python" "$root/tools/make_tiny_model.py" "$tmp/tiny" >/dev/null
+gen=("$bin/tmx" generate --model "$tmp/tiny" --prompt "Four score and seven years ago" -n 40
+     --threads 1)
+# the last line is the speed
+text() { sed '$d'; }
+ref=$("${gen[@]}" | text)
+[ -n "$ref" ] || { echo "FAIL: TP = 1 generated nothing"; exit 1; }
+before=$(tx_bytes)
+got=$(run_across "${gen[@]}" | text)
+sent=$(( $(tx_bytes) - before ))
+echo "generate over the veth: $sent bytes"
+if [ "$got" != "$ref" ]; then
+  printf 'FAIL: the two namespaces generated\n%s\nTP = 1 generated\n%s\n' "$got" "$ref"
+  exit 1
+fi
+# 40 steps, each with at least an all-reduce per layer and the logits' all-gather
+if [ "$sent" -lt $((64 << 10)) ]; then
+  echo "FAIL: the generate ranks did not talk over the veth"
+  exit 1
+fi
+echo "generate: two namespaces == TP = 1"
 echo PASS
