@@ -61,7 +61,7 @@ EOF
         set -- $run
         "$bin/tmx" generate --model "$dir" --prompt "$prompt" -n 256 --set kernels=$1 \
             --set graphs=$2 > "$OUT/g-long.txt" 2>> "$log"
-        tps=$(grep -ao '[0-9.]* tokens/s' "$OUT/g-long.txt" | tail -1 | cut -d' ' -f1)
+        tps=$(grep -ao '[0-9.]* tokens/s' "$OUT/g-long.txt" | head -1 | cut -d' ' -f1) # decode, not the prompt's
         speeds+="$1$([ $2 = false ] && echo -eager) ${tps:-error}, "
     done
     rows+=("$m|$same|${kld:-error}|${speeds%, }")
