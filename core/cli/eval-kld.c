@@ -5,7 +5,8 @@
  * tokens (BOS first when the model has one). Every window runs as a fresh sequence through both
  * engines, CHUNK rows at a time; every next-token row is scored in FP64 (tmx/eval.h). Windows
  * whose 13-grams overlap the calibration text by more than 5% leave the headline. Out:
- * a table on stdout and, with --out, summary.json and tokens.jsonl. */
+ * a table on stdout and, with --out, summary.json and tokens.jsonl. `--paired A --paired B`
+ * runs no model: it reads two such outputs of the same rows and bootstraps A - B and A / B. */
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -26,7 +27,8 @@
 static const int bucket_start[N_BUCKETS + 1] = {0, 256, 1024, 1 << 30}; /* row positions */
 
 static const char usage[] =
-    "usage: tmx eval-kld --teacher DIR --model DIR --text FILE [--text FILE ...] [options]\n\n"
+    "usage: tmx eval-kld --teacher DIR --model DIR --text FILE [--text FILE ...] [options]\n"
+    "       tmx eval-kld --paired OUT_A --paired OUT_B [--out DIR] [--seed S] [--resamples N]\n\n"
     "KL(teacher || model) in nats over the full vocabulary, in FP64, at every next-token row of\n"
     "fixed windows, each run as a fresh sequence; top-1 agreement; window-block bootstrap (BCa)\n"
     "and Wilson 95% intervals; by position and by source (docs/fidelity.md).\n\n"
@@ -43,11 +45,16 @@ static const char usage[] =
     "      --model-set K=V    a configuration override for --model only, e.g.\n"
     "                         codec.trellis-e4m3.activations=f32 (weights only)\n"
     "      --teacher-set K=V  a configuration override for --teacher only\n"
+    "      --paired OUT       (twice) compare two runs' --out folders on the same rows: their\n"
+    "                         KLD, A - B and A / B with bootstrap intervals; with --out DIR,\n"
+    "                         DIR/paired.json\n"
     CLI_ENGINE_USAGE "  (--config, --set and --threads apply to both engines)\n";
 
 struct opts {
     struct cli_engine_opts eo; /* eo.model: the model; --set, --threads, --config: both */
     const char *teacher, *out, *calib;
+    const char *paired[2]; /* --paired: the --out folders of two runs */
+    int n_paired;
     const char *texts[MAX_TEXTS];
     int n_texts;
     const char *teacher_sets[MAX_SETS], *model_sets[MAX_SETS];
@@ -117,7 +124,8 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         {"calib", required_argument, 0, 'L'},      {"out", required_argument, 0, 'o'},
         {"seed", required_argument, 0, 'r'},       {"resamples", required_argument, 0, 'B'},
         {"model-set", required_argument, 0, 'M'},  {"teacher-set", required_argument, 0, 'E'},
-        {"help", no_argument, 0, 'h'},             CLI_ENGINE_LONGOPTS,
+        {"paired", required_argument, 0, 'p'},     {"help", no_argument, 0, 'h'},
+        CLI_ENGINE_LONGOPTS,
         {0, 0, 0, 0}};
     int c, r;
     while ((c = getopt_long(argc, argv, "w:o:h" CLI_ENGINE_SHORTOPTS, longopts, NULL)) != -1) {
@@ -135,6 +143,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         case 'r': r = parse_int("seed", optarg, 0, &o->seed); break;
         case 'B': r = parse_int("resamples", optarg, 1, &o->resamples); break;
         case 'M': r = push(o->model_sets, &o->n_model_sets, MAX_SETS, "model-set", optarg); break;
+        case 'p': r = push(o->paired, &o->n_paired, 2, "paired", optarg); break;
         case 'E':
             r = push(o->teacher_sets, &o->n_teacher_sets, MAX_SETS, "teacher-set", optarg);
             break;
@@ -142,6 +151,14 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         default: fputs(usage, stderr); return 2;
         }
         if (r < 0) return 2;
+    }
+    if (o->n_paired) {
+        const char *bad = o->n_paired != 2 ? "takes two run folders (--paired A --paired B)"
+                        : o->teacher || o->eo.model || o->n_texts
+                            ? "compares two runs' outputs: no --teacher, --model or --text"
+                        : optind < argc ? "takes no other argument" : NULL;
+        if (bad) fprintf(stderr, "tmx eval-kld: --paired %s\n", bad);
+        return bad ? 2 : 0;
     }
     const char *missing = !o->teacher ? "--teacher DIR" : !o->eo.model ? "--model DIR"
                         : !o->n_texts ? "--text FILE" : NULL;
@@ -439,6 +456,10 @@ struct group {
     int headline, source, bucket;
 };
 
+static json_t *interval_json(const struct tmx_eval_interval *ci) {
+    return json_pack("{s:f, s:f, s:f}", "mean", ci->est, "lo", ci->lo, "hi", ci->hi);
+}
+
 static struct acc window_acc(const struct window *w, int bucket) {
     struct acc a = {0};
     for (int b = 0; b < N_BUCKETS; b++) {
@@ -452,11 +473,13 @@ static struct acc window_acc(const struct window *w, int bucket) {
     return a;
 }
 
-/* {windows, rows, kld {mean, lo, hi}, top1 {agree, rate, lo, hi}, nll {teacher, model}}. */
+/* {windows, rows, kld {mean, lo, hi}, top1 {agree, rate, lo, hi}, nll {teacher {mean, lo, hi},
+ * model {mean, lo, hi}}}: each mean with its window-block bootstrap interval. */
 static enum tmx_status group_stats(const struct run *R, struct group g, json_t **out,
                                    char **err) {
-    double *sum = malloc((size_t)(R->n_win + 1) * sizeof *sum);
-    double *rows = malloc((size_t)(R->n_win + 1) * sizeof *rows);
+    const size_t n_win = (size_t)R->n_win + 1;
+    double *sum = malloc(3 * n_win * sizeof *sum); /* [3][n_win]: KL, teacher NLL, model NLL */
+    double *rows = malloc(n_win * sizeof *rows);   /* [n_win] */
     if (!sum || !rows) {
         free(sum);
         free(rows);
@@ -472,26 +495,27 @@ static enum tmx_status group_stats(const struct run *R, struct group g, json_t *
         const struct acc a = window_acc(w, g.bucket);
         if (a.rows == 0) continue;
         sum[n] = a.kld;
+        sum[n_win + (size_t)n] = a.teacher_nll;
+        sum[2 * n_win + (size_t)n] = a.model_nll;
         rows[n++] = a.rows;
         t.kld += a.kld, t.rows += a.rows, t.agree += a.agree;
         t.teacher_nll += a.teacher_nll, t.model_nll += a.model_nll;
     }
-    struct tmx_eval_interval ci = {0};
+    struct tmx_eval_interval ci[3] = {{0}};
     enum tmx_status st = TMX_OK;
     *out = json_pack("{s:i, s:I}", "windows", n, "rows", (json_int_t)t.rows);
-    if (n > 0) st = tmx_eval_bootstrap(sum, rows, n, (int)R->o->resamples,
-                                       (uint64_t)R->o->seed, 0.95, &ci, err);
+    for (int k = 0; n > 0 && st == TMX_OK && k < 3; k++)
+        st = tmx_eval_bootstrap(sum + (size_t)k * n_win, rows, n, (int)R->o->resamples,
+                                (uint64_t)R->o->seed, 0.95, &ci[k], err);
     if (n > 0 && st == TMX_OK) {
         double lo, hi;
         tmx_eval_wilson((int64_t)t.agree, (int64_t)t.rows, 1.959963984540054, &lo, &hi);
-        json_object_set_new(*out, "kld", json_pack("{s:f, s:f, s:f}", "mean", ci.est, "lo",
-                                                   ci.lo, "hi", ci.hi));
+        json_object_set_new(*out, "kld", interval_json(&ci[0]));
         json_object_set_new(*out, "top1", json_pack("{s:I, s:f, s:f, s:f}", "agree",
                                                     (json_int_t)t.agree, "rate",
                                                     t.agree / t.rows, "lo", lo, "hi", hi));
-        json_object_set_new(*out, "nll", json_pack("{s:f, s:f}", "teacher",
-                                                   t.teacher_nll / t.rows, "model",
-                                                   t.model_nll / t.rows));
+        json_object_set_new(*out, "nll", json_pack("{s:o, s:o}", "teacher", interval_json(&ci[1]),
+                                                   "model", interval_json(&ci[2])));
     }
     free(sum);
     free(rows);
@@ -607,6 +631,283 @@ static void print_table(json_t *s) {
     }
 }
 
+/* --- paired: two runs on the same rows ---------------------------------------------------- */
+
+/* Row sums of one window in one position bucket, for run A ([0]) and run B ([1]). */
+struct pair_acc {
+    double kld[2], agree[2], rows;
+};
+
+struct pair_window {
+    int source;
+    int headline; /* in the headline of both runs */
+    int64_t rows; /* as the summaries say: tokens.jsonl must hold as many */
+    struct pair_acc b[N_BUCKETS];
+};
+
+struct pairing {
+    const struct opts *o;
+    json_t *sum[2];           /* the runs' summary.json */
+    struct pair_window *win;  /* [n_win] */
+    int n_win;
+};
+
+static enum tmx_status load_run_summary(const char *dir, json_t **out, char **err) {
+    char path[4096];
+    json_error_t je;
+    snprintf(path, sizeof path, "%s/summary.json", dir);
+    if (!(*out = json_load_file(path, 0, &je)))
+        return tmx_err(err, TMX_ERR_INVALID, "--paired %s: %s", dir, je.text);
+    if (!json_is_array(json_object_get(*out, "windows")) ||
+        !json_is_array(json_object_get(*out, "sources")))
+        return tmx_err(err, TMX_ERR_INVALID, "--paired %s: no \"windows\" or \"sources\": not "
+                       "a summary of tmx eval-kld", path);
+    return TMX_OK;
+}
+
+/* The windows of both summaries: the same source, offset and rows, one by one. */
+static enum tmx_status pair_windows(struct pairing *P, char **err) {
+    json_t *wa = json_object_get(P->sum[0], "windows"), *wb = json_object_get(P->sum[1], "windows");
+    const long long window[2] = {json_integer_value(json_object_get(P->sum[0], "window")),
+                                 json_integer_value(json_object_get(P->sum[1], "window"))};
+    if (json_array_size(wa) != json_array_size(wb) || window[0] != window[1] ||
+        !json_array_size(wa))
+        return tmx_err(err, TMX_ERR_INVALID, "--paired %s: %zu windows of %lld tokens, %s: %zu "
+                       "of %lld: not the same windows", P->o->paired[0], json_array_size(wa),
+                       window[0], P->o->paired[1], json_array_size(wb), window[1]);
+    P->n_win = (int)json_array_size(wa);
+    if (!(P->win = calloc((size_t)P->n_win, sizeof *P->win)))
+        return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < P->n_win; i++) {
+        json_t *a = json_array_get(wa, (size_t)i), *b = json_array_get(wb, (size_t)i);
+        static const char *const same[] = {"source", "offset", "rows"};
+        for (int k = 0; k < 3; k++)
+            if (json_integer_value(json_object_get(a, same[k])) !=
+                json_integer_value(json_object_get(b, same[k])))
+                return tmx_err(err, TMX_ERR_INVALID, "--paired: window %d has another %s in %s "
+                               "than in %s", i, same[k], P->o->paired[1], P->o->paired[0]);
+        P->win[i].source = (int)json_integer_value(json_object_get(a, "source"));
+        P->win[i].rows = json_integer_value(json_object_get(a, "rows"));
+        P->win[i].headline = json_is_true(json_object_get(a, "headline")) &&
+                             json_is_true(json_object_get(b, "headline"));
+    }
+    return TMX_OK;
+}
+
+/* One record of tokens.jsonl: window, row, input, target, kld, teacher_top1, model_top1. */
+static int parse_record(const char *line, long long v[6], double *kld) {
+    json_t *j = json_loads(line, 0, NULL);
+    static const char *const keys[6] = {"window", "row", "input", "target", "teacher_top1",
+                                        "model_top1"};
+    int ok = json_is_object(j) && json_is_number(json_object_get(j, "kld"));
+    for (int k = 0; ok && k < 6; k++) {
+        ok = json_is_integer(json_object_get(j, keys[k]));
+        v[k] = json_integer_value(json_object_get(j, keys[k]));
+    }
+    if (ok) *kld = json_number_value(json_object_get(j, "kld"));
+    json_decref(j);
+    return ok;
+}
+
+/* Reads both tokens.jsonl in step: every row must have the same window, position, input and
+ * target in both (the runs saw the same text). */
+static enum tmx_status pair_rows(struct pairing *P, char **err) {
+    FILE *f[2] = {NULL, NULL};
+    char *line[2] = {NULL, NULL}, path[2][4096];
+    size_t cap[2] = {0, 0};
+    enum tmx_status st = TMX_OK;
+    for (int k = 0; k < 2 && st == TMX_OK; k++) {
+        snprintf(path[k], sizeof path[k], "%s/tokens.jsonl", P->o->paired[k]);
+        if (!(f[k] = fopen(path[k], "r")))
+            st = tmx_err(err, TMX_ERR_IO, "--paired %s: %s", path[k], strerror(errno));
+    }
+    for (long long n = 1; st == TMX_OK; n++) {
+        const ssize_t got[2] = {getline(&line[0], &cap[0], f[0]),
+                                getline(&line[1], &cap[1], f[1])};
+        if (got[0] < 0 && got[1] < 0) break;
+        long long v[2][6];
+        double kld[2];
+        for (int k = 0; k < 2 && st == TMX_OK; k++)
+            if (got[k] < 0 || !parse_record(line[k], v[k], &kld[k]))
+                st = tmx_err(err, TMX_ERR_INVALID, "--paired %s: line %lld: %s", path[k], n,
+                             got[k] < 0 ? "missing (the other run has more rows)"
+                                        : "not a record of tmx eval-kld");
+        if (st != TMX_OK) break;
+        if (memcmp(v[0], v[1], 4 * sizeof v[0][0]) != 0 || v[0][0] < 0 || v[0][0] >= P->n_win ||
+            v[0][1] < 0) {
+            st = tmx_err(err, TMX_ERR_INVALID, "--paired %s: line %lld: another row than in %s "
+                         "(window, position or tokens differ)", path[1], n, path[0]);
+            break;
+        }
+        struct pair_acc *a = &P->win[v[0][0]].b[bucket_of((int)v[0][1])];
+        for (int k = 0; k < 2; k++) {
+            a->kld[k] += kld[k];
+            a->agree[k] += v[k][4] == v[k][5];
+        }
+        a->rows += 1;
+    }
+    for (int k = 0; k < 2; k++) {
+        if (f[k]) fclose(f[k]);
+        free(line[k]);
+    }
+    for (int i = 0; st == TMX_OK && i < P->n_win; i++) {
+        double rows = 0;
+        for (int b = 0; b < N_BUCKETS; b++) rows += P->win[i].b[b].rows;
+        if (rows != (double)P->win[i].rows)
+            st = tmx_err(err, TMX_ERR_INVALID, "--paired %s: window %d has %.0f rows, its "
+                         "summary.json %lld", path[0], i, rows, (long long)P->win[i].rows);
+    }
+    return st;
+}
+
+/* {windows, rows, a {kld, top1}, b {kld, top1}, difference {mean, lo, hi}, ratio {mean, lo,
+ * hi} or null} over the headline windows of `source` (-1: all) in `bucket` (-1: all). The
+ * difference A - B is a row-weighted mean of per-window sums; the ratio A / B is one too,
+ * with B's KL sums as the weights (null when a window's is 0: B is the teacher). */
+static enum tmx_status pair_group(const struct pairing *P, int source, int bucket, json_t **out,
+                                  char **err) {
+    double *v = malloc(4 * (size_t)P->n_win * sizeof *v); /* [4][n_win]: A-B, rows, A, B */
+    if (!v) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    double *diff = v, *rows = v + P->n_win, *ka = v + 2 * P->n_win, *kb = v + 3 * P->n_win;
+    struct pair_acc t;
+    memset(&t, 0, sizeof t);
+    int n = 0, ratio = 1;
+    for (int i = 0; i < P->n_win; i++) {
+        const struct pair_window *w = &P->win[i];
+        if (!w->headline || (source >= 0 && w->source != source)) continue;
+        struct pair_acc a;
+        memset(&a, 0, sizeof a);
+        for (int b = 0; b < N_BUCKETS; b++) {
+            if (bucket >= 0 && b != bucket) continue;
+            for (int k = 0; k < 2; k++) a.kld[k] += w->b[b].kld[k], a.agree[k] += w->b[b].agree[k];
+            a.rows += w->b[b].rows;
+        }
+        if (a.rows == 0) continue;
+        diff[n] = a.kld[0] - a.kld[1];
+        rows[n] = a.rows;
+        ka[n] = a.kld[0];
+        kb[n] = a.kld[1];
+        ratio &= a.kld[1] > 0;
+        n++;
+        for (int k = 0; k < 2; k++) t.kld[k] += a.kld[k], t.agree[k] += a.agree[k];
+        t.rows += a.rows;
+    }
+    *out = json_pack("{s:i, s:I}", "windows", n, "rows", (json_int_t)t.rows);
+    enum tmx_status st = TMX_OK;
+    struct tmx_eval_interval d, r;
+    const int B = (int)P->o->resamples;
+    const uint64_t seed = (uint64_t)P->o->seed;
+    if (n > 0) st = tmx_eval_bootstrap(diff, rows, n, B, seed, 0.95, &d, err);
+    if (n > 0 && st == TMX_OK && ratio) st = tmx_eval_bootstrap(ka, kb, n, B, seed, 0.95, &r, err);
+    if (n > 0 && st == TMX_OK) {
+        static const char *const side[2] = {"a", "b"};
+        for (int k = 0; k < 2; k++)
+            json_object_set_new(*out, side[k], json_pack("{s:f, s:f}", "kld", t.kld[k] / t.rows,
+                                                         "top1", t.agree[k] / t.rows));
+        json_object_set_new(*out, "difference", interval_json(&d));
+        json_object_set_new(*out, "ratio", ratio ? interval_json(&r) : json_null());
+    }
+    free(v);
+    return st;
+}
+
+static void print_pair_row(const char *label, json_t *g) {
+    json_t *d = json_object_get(g, "difference"), *r = json_object_get(g, "ratio");
+    printf("%-24s %7lld %9lld", label, (long long)json_integer_value(json_object_get(g, "windows")),
+           (long long)json_integer_value(json_object_get(g, "rows")));
+    if (d) {
+        printf("  %.6f  %.6f  %+.6f [%+.6f, %+.6f]",
+               json_real_value(json_object_get(json_object_get(g, "a"), "kld")),
+               json_real_value(json_object_get(json_object_get(g, "b"), "kld")),
+               json_real_value(json_object_get(d, "mean")), json_real_value(json_object_get(d, "lo")),
+               json_real_value(json_object_get(d, "hi")));
+        if (json_is_object(r))
+            printf("  %.3f [%.3f, %.3f]", json_real_value(json_object_get(r, "mean")),
+                   json_real_value(json_object_get(r, "lo")),
+                   json_real_value(json_object_get(r, "hi")));
+    }
+    putchar('\n');
+}
+
+static enum tmx_status pair_summary(const struct pairing *P, json_t **out, char **err) {
+    json_t *s = json_pack("{s:s, s:s, s:s, s:O, s:O, s:I, s:i, s:i}", "tool",
+                          "tmx eval-kld --paired " TMX_VERSION, "a", P->o->paired[0], "b",
+                          P->o->paired[1], "a_model", json_object_get(P->sum[0], "model"),
+                          "b_model", json_object_get(P->sum[1], "model"), "seed",
+                          (json_int_t)P->o->seed, "resamples", (int)P->o->resamples,
+                          "level_percent", 95);
+    json_t *pos = json_array(), *by_src = json_array(), *g = NULL;
+    enum tmx_status st = pair_group(P, -1, -1, &g, err);
+    json_object_set_new(s, "headline", g);
+    json_object_set_new(s, "by_position", pos);
+    json_object_set_new(s, "by_source", by_src);
+    const int window = (int)json_integer_value(json_object_get(P->sum[0], "window"));
+    for (int b = 0; st == TMX_OK && b < N_BUCKETS && bucket_start[b] < window - 1; b++) {
+        st = pair_group(P, -1, b, &g, err);
+        const int end = bucket_start[b + 1] < window - 1 ? bucket_start[b + 1] : window - 1;
+        json_object_set_new(g, "positions", json_pack("[i, i]", bucket_start[b], end));
+        json_array_append_new(pos, g);
+    }
+    json_t *srcs = json_object_get(P->sum[0], "sources");
+    for (size_t i = 0; st == TMX_OK && i < json_array_size(srcs); i++) {
+        st = pair_group(P, (int)i, -1, &g, err);
+        json_object_set_new(g, "source", json_incref(json_object_get(json_array_get(srcs, i),
+                                                                     "file")));
+        json_array_append_new(by_src, g);
+    }
+    if (st == TMX_OK) *out = s;
+    else json_decref(s);
+    return st;
+}
+
+static void print_pair_table(json_t *s) {
+    char label[64];
+    printf("A: %s\nB: %s\n%-24s %7s %9s  %-8s  %-8s  %-35s %s\n",
+           json_string_value(json_object_get(s, "a")), json_string_value(json_object_get(s, "b")),
+           "", "windows", "rows", "KLD A", "KLD B", "A - B (nats) [95% BCa]", "A / B [95% BCa]");
+    print_pair_row("headline (both)", json_object_get(s, "headline"));
+    size_t i;
+    json_t *g;
+    json_array_foreach(json_object_get(s, "by_position"), i, g) {
+        json_t *p = json_object_get(g, "positions");
+        snprintf(label, sizeof label, "  positions %lld-%lld",
+                 (long long)json_integer_value(json_array_get(p, 0)),
+                 (long long)json_integer_value(json_array_get(p, 1)));
+        print_pair_row(label, g);
+    }
+    json_array_foreach(json_object_get(s, "by_source"), i, g) {
+        const char *path = json_string_value(json_object_get(g, "source"));
+        const char *base = path ? strrchr(path, '/') : NULL;
+        snprintf(label, sizeof label, "  %.22s", base ? base + 1 : path ? path : "?");
+        print_pair_row(label, g);
+    }
+}
+
+/* tmx eval-kld --paired A --paired B: returns the exit code. */
+static int cmd_paired(const struct opts *o) {
+    struct pairing P = {.o = o};
+    json_t *s = NULL;
+    char *err = NULL, path[4096];
+    enum tmx_status st = load_run_summary(o->paired[0], &P.sum[0], &err);
+    if (st == TMX_OK) st = load_run_summary(o->paired[1], &P.sum[1], &err);
+    if (st == TMX_OK) st = pair_windows(&P, &err);
+    if (st == TMX_OK) st = pair_rows(&P, &err);
+    if (st == TMX_OK) st = pair_summary(&P, &s, &err);
+    if (st == TMX_OK && o->out) {
+        snprintf(path, sizeof path, "%s/paired.json", o->out);
+        if (mkdir(o->out, 0777) != 0 && errno != EEXIST)
+            st = tmx_err(&err, TMX_ERR_IO, "--out %s: %s", o->out, strerror(errno));
+        else if (json_dump_file(s, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0)
+            st = tmx_err(&err, TMX_ERR_IO, "--out %s: cannot write", path);
+    }
+    if (st == TMX_OK) print_pair_table(s);
+    json_decref(s);
+    json_decref(P.sum[0]);
+    json_decref(P.sum[1]);
+    free(P.win);
+    return st == TMX_OK ? 0 : cli_fail("eval-kld", err);
+}
+
 /* --- the command --------------------------------------------------------------------------- */
 
 static enum tmx_status open_out(struct run *R, char **err) {
@@ -657,6 +958,7 @@ int cmd_eval_kld(int argc, char **argv) {
     struct opts o = {.window = 0, .resamples = 5000};
     const int r = parse_opts(argc, argv, &o);
     if (r) return r < 0 ? 0 : r;
+    if (o.n_paired) return cmd_paired(&o);
     struct run R = {.o = &o};
     json_t *sum = NULL;
     char *err = NULL;

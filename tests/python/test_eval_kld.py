@@ -5,8 +5,9 @@ with top-1 = 1; two runs are bit-identical; the per-token records match KL compu
 numpy in float64 from logits read through tmx_engine.py. Besides: the summary's statistics
 recomputed from the records (bca() below is the Python mirror of tmx_eval_bootstrap, which
 test_eval.c also quotes), --model-set reaching the model only (weights-only against serving
-formats), the calibration-overlap screen, position buckets, the window cap, the plot tool, and
-one-line errors naming the flag or file.
+formats), `--paired` (serving against weights only on the same rows) recomputed from both
+runs' records, the calibration-overlap screen, position buckets, the window cap, the plot tool,
+and one-line errors naming the flag or file.
 
 The model is muse-tiny's K3 trellis-e4m3 build (one tmx quantize, ~40 s). Windows are short
 (--window 64, --max-windows 4) so that every run takes a second or two.
@@ -98,6 +99,14 @@ def served(tiny, k3, texts, tmp_path_factory):
     """The K3 build in its serving formats: (summary, records, outdir)."""
     out = tmp_path_factory.mktemp("served")
     return (*evaluate(tiny, k3, texts, out), out)
+
+
+@pytest.fixture(scope="module")
+def weights_only(tiny, k3, texts, tmp_path_factory):
+    """The same build, weights only (F32 activations): (summary, records, outdir)."""
+    out = tmp_path_factory.mktemp("weights-only")
+    return (*evaluate(tiny, k3, texts, out, "--model-set",
+                      "codec.trellis-e4m3.activations=f32"), out)
 
 
 # --- the sanity checks -------------------------------------------------------------------------
@@ -248,16 +257,23 @@ def test_summary_recomputed_from_records(served):
         assert g["source"].endswith("ab"[s] + ".txt")
         assert g["kld"]["mean"] == pytest.approx(sum(sums[sel]) / sum(rows[sel]), rel=1e-12)
     assert summary["by_position"] == [{**h, "positions": [0, WINDOW - 1]}]
+    # the NLLs, with the same bootstrap over their per-window sums
+    for side in ("teacher", "model"):
+        nll = [0.0] * len(wins)
+        for r in records:
+            nll[r["window"]] -= r[f"{side}_logp"]
+        est, lo, hi = bca(nll, rows, 5000, summary["seed"])
+        assert h["nll"][side] == pytest.approx({"mean": est, "lo": lo, "hi": hi}, rel=1e-12)
+        assert lo < est < hi
 
 
-def test_weights_only_reaches_the_model_only(tiny, k3, texts, served, tmp_path):
-    summary, records = evaluate(tiny, k3, texts, tmp_path, "--model-set",
-                                "codec.trellis-e4m3.activations=f32")
+def test_weights_only_reaches_the_model_only(tiny, k3, texts, served, weights_only):
+    summary, records, _ = weights_only
     assert summary["model"]["overrides"] == ["codec.trellis-e4m3.activations=f32"]
     assert summary["teacher"]["overrides"] == []
     serving = served[0]["headline"]["kld"]["mean"]
-    weights_only = summary["headline"]["kld"]["mean"]
-    assert 0 < weights_only != serving > 0
+    weights = summary["headline"]["kld"]["mean"]
+    assert 0 < weights != serving > 0
     # the teacher side is untouched: its log-probabilities are those of the serving run
     assert [r["teacher_logp"] for r in records] == [r["teacher_logp"] for r in served[1]]
     # each engine's own overrides reach it alone: a context shorter than the window is an
@@ -267,6 +283,78 @@ def test_weights_only_reaches_the_model_only(tiny, k3, texts, served, tmp_path):
                 flag + "-set", "context=8", check=False)
         assert r.returncode != 0
         assert r.stderr.startswith(f"tmx eval-kld: {flag} ") and "context 8" in r.stderr
+
+
+def paired(a, b, out):
+    r = run("--paired", str(a), "--paired", str(b), "--out", str(out))
+    with open(out / "paired.json") as f:
+        return json.load(f), r.stdout
+
+
+def test_paired_recomputed_from_both_runs(served, weights_only, tmp_path):
+    """Serving formats (A) against weights only (B) on the same rows: A - B and A / B with the
+    bootstrap of tmx_eval_bootstrap over per-window sums, overall, by source and by position."""
+    p, out = paired(served[2], weights_only[2], tmp_path)
+    assert p["a"] == str(served[2]) and p["b"] == str(weights_only[2])
+    assert p["b_model"]["overrides"] == ["codec.trellis-e4m3.activations=f32"]
+    n = len(served[0]["windows"])
+    ka, kb, rows = [0.0] * n, [0.0] * n, [0] * n
+    for ra, rb in zip(served[1], weights_only[1]):
+        ka[ra["window"]] += ra["kld"]
+        kb[rb["window"]] += rb["kld"]
+        rows[ra["window"]] += 1
+    diff = [x - y for x, y in zip(ka, kb)]
+
+    def check(g, sel):
+        est, lo, hi = bca([diff[i] for i in sel], [rows[i] for i in sel], 5000, 0)
+        assert g["difference"] == pytest.approx({"mean": est, "lo": lo, "hi": hi}, rel=1e-9)
+        est, lo, hi = bca([ka[i] for i in sel], [kb[i] for i in sel], 5000, 0)
+        assert g["ratio"] == pytest.approx({"mean": est, "lo": lo, "hi": hi}, rel=1e-9)
+        assert g["a"]["kld"] == pytest.approx(sum(ka[i] for i in sel) / sum(rows[i] for i in sel))
+        assert g["b"]["kld"] == pytest.approx(sum(kb[i] for i in sel) / sum(rows[i] for i in sel))
+
+    h = p["headline"]
+    assert h["windows"] == n and h["rows"] == len(served[1])
+    check(h, range(n))
+    assert h["a"]["kld"] == served[0]["headline"]["kld"]["mean"]
+    assert h["a"]["top1"] == served[0]["headline"]["top1"]["rate"]
+    for s, g in enumerate(p["by_source"]):
+        check(g, range(s * MAX_WINDOWS, (s + 1) * MAX_WINDOWS))
+    assert p["by_position"] == [{**h, "positions": [0, WINDOW - 1]}]
+    assert out.splitlines()[0] == f"A: {served[2]}" and "headline (both)" in out
+
+
+def test_paired_against_the_teacher_has_no_ratio(tiny, texts, served, tmp_path):
+    """B = the teacher scored against itself: A - B is A's KLD, A / B is undefined."""
+    evaluate(tiny, tiny, texts, tmp_path / "self")
+    p, _ = paired(served[2], tmp_path / "self", tmp_path / "p")
+    assert p["headline"]["ratio"] is None
+    assert p["headline"]["b"]["kld"] == 0.0
+    assert p["headline"]["difference"]["mean"] == pytest.approx(
+        served[0]["headline"]["kld"]["mean"], rel=1e-12)
+
+
+def test_paired_refuses_runs_of_other_rows(tiny, k3, texts, served, tmp_path):
+    fewer = tmp_path / "fewer"
+    run("--teacher", tiny, "--model", k3, "--text", str(texts[0]), "--text", str(texts[1]),
+        "--window", str(WINDOW), "--max-windows", str(MAX_WINDOWS - 1), "--out", str(fewer))
+    other = tmp_path / "other"  # the same windows' shape over another text
+    run("--teacher", tiny, "--model", k3, "--text", str(texts[1]), "--text", str(texts[0]),
+        "--window", str(WINDOW), "--max-windows", str(MAX_WINDOWS), "--out", str(other))
+    cases = [
+        (["--paired", str(served[2])], "two run folders"),
+        (["--paired", str(served[2]), "--paired", str(fewer)], "not the same windows"),
+        (["--paired", str(served[2]), "--paired", str(other)], str(other)),
+        (["--paired", str(served[2]), "--paired", str(tmp_path / "absent")], "absent"),
+        (["--paired", str(served[2]), "--paired", str(served[2]), "--teacher", tiny],
+         "no --teacher"),
+    ]
+    for args, name in cases:
+        r = run(*args, check=False)
+        assert r.returncode != 0, args
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("tmx eval-kld: --paired"), (args, r.stderr)
+        assert name in lines[0], (args, lines[0])
 
 
 def test_calibration_overlap_leaves_windows_out(tiny, k3, texts, tmp_path):

@@ -11,6 +11,11 @@ MUSE_MINI_FIXTURE point it elsewhere (e.g. at a `train.py --smoke` export).
 Bound: max |got - want| / max |want| <= 1e-4 over every stored logit of a prompt, as
 tests/python/test_model.py bounds the engine against the reference; and no logit outside a
 position's stored top-32 may exceed its 32nd by more than that. Needs numpy and a built tmx only.
+
+The default model: tools/make_default_models.sh makes the K3 E4M3 build from models/muse-mini
+(once per module, in a temporary folder, about a minute on 2 cores); the script keeps a build
+that verifies, `tmx serve` without --model serves it as "muse-mini-trellismx-k3", and its KL
+divergence from the teacher on held-out books stays near the measured one (docs/perf/fidelity.md).
 """
 import ctypes as C
 import json
@@ -18,12 +23,16 @@ import lzma
 import os
 import pathlib
 import random
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 
 import numpy as np
 import pytest
 
-from tmx_engine import Engine, lib
+from tmx_engine import BIN_DIR, Engine, lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools" / "reference"))
@@ -194,3 +203,123 @@ def test_reference_matches_pytorch(fixture):
     ref = muse_ref.load(str(MODEL))
     for p in fixture["prompts"]:
         check_logits(ref.forward(p["ids"]), p, fixture["top"])
+
+
+# ---- the default model: muse-mini's K3 build, made at set-up ----------------------------------
+
+TMX = os.path.abspath(os.path.join(BIN_DIR, "tmx"))  # the server runs in another folder
+DEFAULT_NAME = "muse-mini-trellismx-k3"
+
+
+def make_default(out):
+    return subprocess.run([str(REPO / "tools" / "make_default_models.sh"), "--tmx", TMX,
+                           "--out", str(out), "--threads", "2"],
+                          check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def default_root(tmp_path_factory):
+    """A folder holding models/muse-mini-k3, made by tools/make_default_models.sh."""
+    if not (REPO / "models" / "muse-mini" / "config.json").exists():
+        pytest.skip("models/muse-mini is absent")
+    root = tmp_path_factory.mktemp("default")
+    make_default(root / "models")
+    return root
+
+
+def test_make_default_models_keeps_a_build_that_verifies(default_root):
+    build = default_root / "models" / "muse-mini-k3"
+    r = make_default(default_root / "models")
+    assert f"{build}: present, matches its manifest" in r.stdout
+    subprocess.run([TMX, "inspect", "--verify", str(build)], check=True, capture_output=True)
+    report = json.loads((build / "quantize-report.json").read_text())
+    assert report["codec"] == "trellis-e4m3" and report["bits"] == 3
+    assert report["calibration"]["source"].endswith("tools/train/calib-books.txt")
+    assert report["calibration"]["tokens"] == 16384
+    assert not (default_root / "models" / "muse-mini-k3-fp4").exists()  # only with --fp4
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url):
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def serve(cwd, *args):
+    """tmx serve without --model, run in cwd; returns (process, base URL) once it answers."""
+    port = free_port()
+    proc = subprocess.Popen([TMX, "serve", "--port", str(port), "--threads", "2", *args],
+                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"tmx serve exited with {proc.returncode}: {proc.stdout.read()}")
+        try:
+            get_json(base + "/v1/models")
+            return proc, base
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("tmx serve did not answer within 60 s")
+
+
+def stop(proc):
+    proc.terminate()
+    assert proc.wait(timeout=60) == 0
+
+
+def test_serve_without_model_serves_the_default(default_root):
+    proc, base = serve(default_root)
+    try:
+        models = get_json(base + "/v1/models")["data"]
+        assert [m["id"] for m in models] == [DEFAULT_NAME]
+        body = json.dumps({"model": DEFAULT_NAME, "max_tokens": 16, "temperature": 0,
+                           "messages": [{"role": "user", "content": "Tell me a story."}]})
+        req = urllib.request.Request(base + "/v1/chat/completions", body.encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            choice = json.loads(r.read())["choices"][0]
+        assert choice["message"]["content"].strip() and choice["finish_reason"] == "length"
+    finally:
+        stop(proc)
+    proc, base = serve(default_root, "--served-model-name", "book-teller")
+    try:
+        assert [m["id"] for m in get_json(base + "/v1/models")["data"]] == ["book-teller"]
+    finally:
+        stop(proc)
+
+
+def test_serve_without_model_or_default_names_the_script(tmp_path):
+    if (REPO / "models" / "muse-mini-k3" / "config.json").exists():
+        pytest.skip("the repository has models/muse-mini-k3: tmx serve would find and serve it")
+    r = subprocess.run([TMX, "serve", "--port", str(free_port())], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "tmx serve: no --model given and the default model models/muse-mini-k3 is missing: "
+        "make it with tools/make_default_models.sh, or pass --model DIR"]
+
+
+def test_default_build_stays_close_to_the_teacher(default_root, shared_data, tmp_path):
+    """Two 1,024-token windows of held-out books: the K3 E4M3 build's KL divergence and top-1
+    agreement, and the teacher's loss there. docs/perf/fidelity.md measured KLD 0.03 and top-1
+    89% on 20 windows; the bounds leave room for window-to-window spread, not for a broken
+    codec (muse-tiny-like errors are 0.4 nats)."""
+    text = tmp_path / "heldout.txt"
+    text.write_bytes(lzma.open(shared_data / "gutenberg" / "heldout.txt.xz").read())
+    out = tmp_path / "kld"
+    subprocess.run([TMX, "eval-kld", "--teacher", str(REPO / "models" / "muse-mini"), "--model",
+                    str(default_root / "models" / "muse-mini-k3"), "--text", str(text),
+                    "--window", "1024", "--max-windows", "2", "--threads", "2", "--out",
+                    str(out)], check=True, capture_output=True)
+    h = json.loads((out / "summary.json").read_text())["headline"]
+    assert h["rows"] == 2 * 1023
+    assert 0 < h["kld"]["mean"] < 0.06
+    assert h["top1"]["rate"] > 0.85
+    assert 3.0 < h["nll"]["teacher"]["mean"] < 4.5
