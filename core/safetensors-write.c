@@ -57,7 +57,7 @@ enum tmx_status tmx_safetensors_write(const char *path, int n, const char *const
     static const uint8_t zeros[8];
     for (int i = 0; ok && i < n; i++) {
         const size_t nb = tmx_tensor_nbytes(&tensors[i]);
-        ok = fwrite(tensors[i].data, 1, nb, f) == nb &&
+        ok = (nb == 0 || fwrite(tensors[i].data, 1, nb, f) == nb) && /* empty: data may be NULL */
              fwrite(zeros, 1, ((nb + 7) & ~(size_t)7) - nb, f) == ((nb + 7) & ~(size_t)7) - nb;
     }
     if (fclose(f) != 0) ok = 0;
