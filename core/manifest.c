@@ -38,8 +38,7 @@ static enum tmx_status sha256_bytes(const void *p, size_t n, char out[HEX_LEN + 
     return TMX_OK;
 }
 
-/* SHA-256 of the file at path, read in 1 MiB pieces. */
-static enum tmx_status sha256_file(const char *path, char out[HEX_LEN + 1], char **err) {
+enum tmx_status tmx_manifest_sha256_file(const char *path, char out[65], char **err) {
     enum { CHUNK = 1 << 20 };
     int fd = open(path, O_RDONLY);
     if (fd < 0) return tmx_err(err, TMX_ERR_IO, "%s: %s", path, strerror(errno));
@@ -265,7 +264,7 @@ enum tmx_status tmx_manifest_write(const char *dir, char **err) {
         snprintf(path, sizeof path, "%s/%s", dir, fl.path[i]);
         struct stat sb;
         if (stat(path, &sb) != 0) st = tmx_err(err, TMX_ERR_IO, "%s: %s", path, strerror(errno));
-        if (st == TMX_OK) st = sha256_file(path, hex, err);
+        if (st == TMX_OK) st = tmx_manifest_sha256_file(path, hex, err);
         if (st == TMX_OK)
             json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "path", fl.path[i], "size",
                                                    (json_int_t)sb.st_size, "sha256", hex));
@@ -339,7 +338,7 @@ static enum tmx_status check_file(const char *dir, const char *mpath, json_t *f,
                        "changed)", path, (long long)sb.st_size, TMX_MANIFEST_NAME,
                        (long long)json_integer_value(size));
     if (!hashes) return TMX_OK;
-    enum tmx_status st = sha256_file(path, hex, err);
+    enum tmx_status st = tmx_manifest_sha256_file(path, hex, err);
     if (st == TMX_OK && strcmp(hex, sha) != 0)
         st = tmx_err(err, TMX_ERR_INVALID, "%s: SHA-256 differs from %s (the file was changed)",
                      path, TMX_MANIFEST_NAME);

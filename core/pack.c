@@ -8,9 +8,7 @@
  * from the source and as each rank's pack, and compares every decoded slice with the same slice
  * of the whole decode. */
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,30 +30,6 @@
 static const char *const proj_name[3] = {"gate_proj", "up_proj", "down_proj"};
 
 /* --- files --------------------------------------------------------------------------------- */
-
-static enum tmx_status sha256_file(const char *path, char out[HEX_LEN + 1], char **err) {
-    enum { CHUNK = 1 << 20 };
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return tmx_err(err, TMX_ERR_IO, "%s: %s", path, strerror(errno));
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    unsigned char *buf = malloc(CHUNK), md[EVP_MAX_MD_SIZE];
-    enum tmx_status st = TMX_OK;
-    if (!ctx || !buf || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL))
-        st = tmx_err(err, TMX_ERR_NOMEM, "%s: cannot start SHA-256", path);
-    for (ssize_t n; st == TMX_OK && (n = read(fd, buf, CHUNK)) != 0;) {
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) st = tmx_err(err, TMX_ERR_IO, "%s: %s", path, strerror(errno));
-        else if (!EVP_DigestUpdate(ctx, buf, (size_t)n))
-            st = tmx_err(err, TMX_ERR_UNSUPPORTED, "libcrypto: SHA-256 failed");
-    }
-    if (st == TMX_OK && !EVP_DigestFinal_ex(ctx, md, NULL))
-        st = tmx_err(err, TMX_ERR_UNSUPPORTED, "libcrypto: SHA-256 failed");
-    for (int i = 0; st == TMX_OK && i < 32; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
-    EVP_MD_CTX_free(ctx);
-    free(buf);
-    close(fd);
-    return st;
-}
 
 /* Makes the folders above `path` (its last part is a file). */
 static enum tmx_status make_parents(const char *path, char **err) {
@@ -100,7 +74,7 @@ static enum tmx_status copy_file(const char *src, const char *dst, int link_ok, 
 static int intact(const char *path, int64_t size, const char *sha) {
     struct stat sb;
     char hex[HEX_LEN + 1];
-    return stat(path, &sb) == 0 && sb.st_size == size && sha256_file(path, hex, NULL) == TMX_OK &&
+    return stat(path, &sb) == 0 && sb.st_size == size && tmx_manifest_sha256_file(path, hex, NULL) == TMX_OK &&
            strcmp(hex, sha) == 0;
 }
 
@@ -163,7 +137,7 @@ static enum tmx_status read_manifest(const char *dir, struct entries *files,
     json_error_t je;
     json_t *m = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!m) return tmx_err(err, TMX_ERR_INVALID, "%s: %s", path, je.text);
-    enum tmx_status st = sha256_file(path, digest, err);
+    enum tmx_status st = tmx_manifest_sha256_file(path, digest, err);
     size_t i;
     json_t *f;
     json_array_foreach(json_object_get(m, "files"), i, f) {
@@ -462,7 +436,7 @@ static enum tmx_status produce(struct packer *k, const char *rel, const struct e
         char hex[HEX_LEN + 1];
         if (st == TMX_OK && stat(dst, &sb) != 0)
             st = tmx_err(err, TMX_ERR_IO, "%s: %s", dst, strerror(errno));
-        if (st == TMX_OK) st = sha256_file(dst, hex, err);
+        if (st == TMX_OK) st = tmx_manifest_sha256_file(dst, hex, err);
         if (st == TMX_OK && want && strcmp(hex, want->sha) != 0)
             st = tmx_err(err, TMX_ERR_IO, "%s: the copy differs from %s", dst, from);
         if (st == TMX_OK && !want) {
@@ -518,7 +492,7 @@ static enum tmx_status finish_rank(struct packer *k, int r, json_t *ranks, char 
     json_decref(j);
     if (st == TMX_OK) st = tmx_manifest_write(dir, err);
     snprintf(path, sizeof path, "%s/%s", dir, TMX_MANIFEST_NAME);
-    if (st == TMX_OK) st = sha256_file(path, hex, err);
+    if (st == TMX_OK) st = tmx_manifest_sha256_file(path, hex, err);
     char name[32];
     snprintf(name, sizeof name, "rank-%d", r);
     if (st == TMX_OK)

@@ -25,4 +25,7 @@ enum tmx_status tmx_manifest_write(const char *dir, char **err);
  * gap or overlap. Each failure is one line naming the file. */
 enum tmx_status tmx_manifest_verify(const char *dir, int hashes, char **err);
 
+/* out <- the SHA-256 of the file at path in lower-case hex (read in 1 MiB pieces). */
+enum tmx_status tmx_manifest_sha256_file(const char *path, char out[65], char **err);
+
 #endif
