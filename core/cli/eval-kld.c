@@ -607,13 +607,10 @@ static void print_row(const char *label, json_t *g) {
     putchar('\n');
 }
 
-static void print_table(json_t *s) {
+/* The summary's rows by position bucket and by source, each printed by `row`; source names cut
+ * to `width` characters. */
+static void print_groups(json_t *s, void (*row)(const char *label, json_t *g), int width) {
     char label[64];
-    printf("%-28s %7s %9s  %-32s %s\n", "", "windows", "rows", "KLD (nats) [95% BCa]",
-           "top-1 [95% Wilson]");
-    print_row("headline", json_object_get(s, "headline"));
-    print_row("left out (calib overlap)", json_object_get(s, "left_out"));
-    print_row("all windows", json_object_get(s, "all"));
     size_t i;
     json_t *g;
     json_array_foreach(json_object_get(s, "by_position"), i, g) {
@@ -621,14 +618,23 @@ static void print_table(json_t *s) {
         snprintf(label, sizeof label, "  positions %lld-%lld",
                  (long long)json_integer_value(json_array_get(p, 0)),
                  (long long)json_integer_value(json_array_get(p, 1)));
-        print_row(label, g);
+        row(label, g);
     }
     json_array_foreach(json_object_get(s, "by_source"), i, g) {
         const char *path = json_string_value(json_object_get(g, "source"));
-        const char *base = strrchr(path, '/');
-        snprintf(label, sizeof label, "  %.26s", base ? base + 1 : path);
-        print_row(label, g);
+        const char *base = path ? strrchr(path, '/') : NULL;
+        snprintf(label, sizeof label, "  %.*s", width, base ? base + 1 : path ? path : "?");
+        row(label, g);
     }
+}
+
+static void print_table(json_t *s) {
+    printf("%-28s %7s %9s  %-32s %s\n", "", "windows", "rows", "KLD (nats) [95% BCa]",
+           "top-1 [95% Wilson]");
+    print_row("headline", json_object_get(s, "headline"));
+    print_row("left out (calib overlap)", json_object_get(s, "left_out"));
+    print_row("all windows", json_object_get(s, "all"));
+    print_groups(s, print_row, 26);
 }
 
 /* --- paired: two runs on the same rows ---------------------------------------------------- */
@@ -861,26 +867,11 @@ static enum tmx_status pair_summary(const struct pairing *P, json_t **out, char 
 }
 
 static void print_pair_table(json_t *s) {
-    char label[64];
     printf("A: %s\nB: %s\n%-24s %7s %9s  %-8s  %-8s  %-35s %s\n",
            json_string_value(json_object_get(s, "a")), json_string_value(json_object_get(s, "b")),
            "", "windows", "rows", "KLD A", "KLD B", "A - B (nats) [95% BCa]", "A / B [95% BCa]");
     print_pair_row("headline (both)", json_object_get(s, "headline"));
-    size_t i;
-    json_t *g;
-    json_array_foreach(json_object_get(s, "by_position"), i, g) {
-        json_t *p = json_object_get(g, "positions");
-        snprintf(label, sizeof label, "  positions %lld-%lld",
-                 (long long)json_integer_value(json_array_get(p, 0)),
-                 (long long)json_integer_value(json_array_get(p, 1)));
-        print_pair_row(label, g);
-    }
-    json_array_foreach(json_object_get(s, "by_source"), i, g) {
-        const char *path = json_string_value(json_object_get(g, "source"));
-        const char *base = path ? strrchr(path, '/') : NULL;
-        snprintf(label, sizeof label, "  %.22s", base ? base + 1 : path ? path : "?");
-        print_pair_row(label, g);
-    }
+    print_groups(s, print_pair_row, 22);
 }
 
 /* tmx eval-kld --paired A --paired B: returns the exit code. */
