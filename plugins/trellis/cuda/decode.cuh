@@ -3,10 +3,11 @@
  * Lane l owns trellis positions 8l..8l+7: rows g = l/4 and g + 8 of the tile, columns
  * 2q, 2q+1, 2q+8, 2q+9 (q = l%4). Its eight states lie in one window of 16 + 7K bits of the
  * ring; three words hold it wherever it starts, and which three, and the shift, depend on the
- * lane and K alone, so they are computed once per kernel. Per state one multiply; the byte
- * sums (sigma) of a tile's 256 products are two u8 MMAs, which leave each lane the sigmas of
- * its own rows in another column order (sum_bytes); from there law e4m3 computes two values
- * per fma.f16x2 and one cvt pair, law e2m1 reads a sigma -> value table in shared memory.
+ * lane and K alone, so they are computed once per kernel. Per state two shifts (or a shift
+ * and a mask) and one multiply; the byte sums (sigma) of a tile's 256 products are two u8
+ * MMAs, which leave each lane the sigmas of its own rows in another column order
+ * (sum_bytes); from there law e4m3 computes two values per fma.f16x2 and one cvt pair, law
+ * e2m1 reads a sigma -> value table in shared memory.
  *
  * The values come out as f16, the A fragment of an m16n8k16 f16 MMA (every E4M3 and E2M1
  * value is an f16): Hopper has no FP8 mma.sync (ptxas turns the m16n8k32 E4M3 form into
@@ -39,16 +40,18 @@ __device__ __forceinline__ lane_window lane_window_of(int lane) {
     return w;
 }
 
-/* x >> n as a multiply (mul.hi by 2^(32 - n)): the shifts, masks and funnels of the states
- * and the conversions of the law all run on the ALU pipe, at half the issue rate, while the
- * multiply pipe has room; n = 1..31. */
-__device__ __forceinline__ uint32_t shr_mul(uint32_t x, int n) {
+/* x * m on the multiply pipe: ptxas keeps a shift written as a multiply there (IMAD.SHL) and
+ * does not turn it back into an ALU shift. */
+__device__ __forceinline__ uint32_t mul_lo(uint32_t x, uint32_t m) {
     uint32_t r;
-    asm("mul.hi.u32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(1u << (32 - n)));
+    asm("mul.lo.u32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(m));
     return r;
 }
 
-/* The lane's eight states from the tile's words w[8K] (shared memory). */
+/* The lane's eight states from the tile's words w[8K] (shared memory). A state inside whi is
+ * (whi << a) >> 16, the left shift as a multiply and no mask: one ALU instruction and, with
+ * the hash, two on the multiply pipe, where a shift and a mask would be two on the ALU pipe,
+ * which the law's conversions also need (docs/perf/h200-codec.md, "Where the time goes"). */
 template <int K>
 __device__ __forceinline__ void lane_states(const uint32_t *w, lane_window lw, uint32_t s[8]) {
     const uint32_t hi = w[lw.i0], mid = w[lw.i1], lo = w[lw.i2];
@@ -59,9 +62,9 @@ __device__ __forceinline__ void lane_states(const uint32_t *w, lane_window lw, u
         constexpr int top = 48;     /* state 0 is bits 48..63 of whi:wlo */
         const int sh = top - j * K; /* constant after unrolling */
         if (sh == top)
-            s[j] = shr_mul(whi, 16);
+            s[j] = whi >> 16;
         else if (sh > 32)
-            s[j] = shr_mul(whi, sh - 32) & 0xffffu;
+            s[j] = mul_lo(whi, 1u << (top - sh)) >> 16;
         else
             s[j] = (sh == 32 ? whi : __funnelshift_r(wlo, whi, sh)) & 0xffffu;
     }

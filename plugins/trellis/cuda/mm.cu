@@ -136,7 +136,9 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 1) mm_kernel(cons
 
     /* XH: thread i stages tile i % 16 of token i / 16 from registers loaded a chunk ahead. */
     const int xt = threadIdx.x / MM_CHUNK, xu = threadIdx.x % MM_CHUNK;
-    __syncthreads(); /* row_s, lut_s */
+    if (XH) /* a token the group lacks stays zero: its thread stages nothing */
+        for (int i = threadIdx.x; i < XB * GT * XS; i += blockDim.x) (&x_s[0][0][0])[i] = 0u;
+    __syncthreads(); /* row_s, lut_s, x_s */
     const int xr = XH ? row_s[xt] : -1;
     uint4 xn = make_uint4(0, 0, 0, 0); /* its 16 kappa bytes of the next chunk */
     float xbn = 0.0f;                  /* law e2m1: their block scale */
@@ -150,6 +152,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 1) mm_kernel(cons
         if (FP4) xbn = p.xb[(size_t)xr * (p.cols / 16) + c * MM_CHUNK + xu];
     };
     auto stage_x = [&](int buf) { /* XH: the registers into x_s[buf] */
+        if (xr < 0) return;
         const uint4 n = lambda_words(xn);
         const uint32_t v[4] = {n.x, n.y, n.z, n.w};
         const __half2 xb = __float2half2_rn(xbn);

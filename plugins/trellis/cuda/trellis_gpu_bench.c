@@ -1,8 +1,10 @@
 /* trellis_gpu_bench.c: trellis-gpu-bench, the codecs' device path on a GPU, for
  * docs/perf/h200-codec.md.
  *
- *     trellis-gpu-bench OUT.json
+ *     trellis-gpu-bench [--sweep] OUT.json
  *
+ * --sweep runs only 1 and the matmul-alone sweep of 5 (a short run to time or profile the
+ * decode loop).
  * 1. Copy bandwidth: cudaMemcpy device to device, bytes read + written per second.
  * 2. Decode: random tiles (and all-zero, all-one ones) of every K and both laws decoded by
  *    the device's lanes into their operand bytes, compared with the CPU decoder bit for bit.
@@ -692,6 +694,20 @@ static void sweep_k(const uint32_t *words, const uint8_t *scales, double copy_gb
     free(x);
 }
 
+/* --sweep: the matmul alone at every K, nothing else. */
+static void sweep(double copy_gbs, cudaStream_t s) {
+    const size_t n = (size_t)SIDE * SIDE / 256 * 48 * EXPERTS; /* words of K = 6 */
+    uint32_t *words = xmalloc(n * 4);
+    uint8_t *scales = xmalloc((size_t)SIDE * SIDE / 16 * EXPERTS);
+    for (size_t i = 0; i < n; i++) words[i] = rnd();
+    for (size_t i = 0; i < (size_t)SIDE * SIDE / 16 * EXPERTS; i++)
+        scales[i] = (uint8_t)(0x30 + rnd() % 16);
+    jprintf("\"sweep_only\": true");
+    sweep_k(words, scales, copy_gbs, s);
+    free(words);
+    free(scales);
+}
+
 static void timing(cudaStream_t s, double copy_gbs) {
     /* The trellis layers: 8 experts of random words and scales, both laws, K = 3. */
     const int K = 3;
@@ -803,10 +819,12 @@ static void timing(cudaStream_t s, double copy_gbs) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: trellis-gpu-bench OUT.json\n");
+    const int sweep_only = argc == 3 && strcmp(argv[1], "--sweep") == 0;
+    if (argc != 2 + sweep_only) {
+        fprintf(stderr, "usage: trellis-gpu-bench [--sweep] OUT.json\n");
         return 2;
     }
+    const char *out = argv[argc - 1];
     struct cudaDeviceProp prop;
     int driver = 0, runtime = 0;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -820,14 +838,18 @@ int main(int argc, char **argv) {
             driver, runtime);
     const double copy_gbs = copy_bandwidth(s);
     jprintf("\"copy_gbs\": %.1f,\n", copy_gbs);
-    check_decode(s);
-    check_matmul(s);
-    check_block(s);
-    timing(s, copy_gbs);
+    if (sweep_only) {
+        sweep(copy_gbs, s);
+    } else {
+        check_decode(s);
+        check_matmul(s);
+        check_block(s);
+        timing(s, copy_gbs);
+    }
     jprintf(", \"failures\": %d}\n", failures);
-    FILE *f = fopen(argv[1], "w");
+    FILE *f = fopen(out, "w");
     if (!f || fwrite(json, 1, json_len, f) != json_len || fclose(f) != 0) {
-        fprintf(stderr, "trellis-gpu-bench: cannot write %s\n", argv[1]);
+        fprintf(stderr, "trellis-gpu-bench: cannot write %s\n", out);
         return 2;
     }
     CK(cudaStreamDestroy(s));
