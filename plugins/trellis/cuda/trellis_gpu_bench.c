@@ -1,10 +1,10 @@
 /* trellis_gpu_bench.c: trellis-gpu-bench, the codecs' device path on a GPU, for
  * docs/perf/h200-codec.md.
  *
- *     trellis-gpu-bench [--sweep] OUT.json
+ *     trellis-gpu-bench [--sweep | --checks] OUT.json
  *
  * --sweep runs only 1 and the matmul-alone sweep of 5 (a short run to time or profile the
- * decode loop).
+ * decode loop); --checks only 1 to 4 (short enough for compute-sanitizer).
  * 1. Copy bandwidth: cudaMemcpy device to device, bytes read + written per second.
  * 2. Decode: random tiles (and all-zero, all-one ones) of every K and both laws decoded by
  *    the device's lanes into their operand bytes, compared with the CPU decoder bit for bit.
@@ -819,9 +819,11 @@ static void timing(cudaStream_t s, double copy_gbs) {
 }
 
 int main(int argc, char **argv) {
-    const int sweep_only = argc == 3 && strcmp(argv[1], "--sweep") == 0;
-    if (argc != 2 + sweep_only) {
-        fprintf(stderr, "usage: trellis-gpu-bench [--sweep] OUT.json\n");
+    const char *mode = argc == 3 ? argv[1] : "";
+    const int sweep_only = strcmp(mode, "--sweep") == 0;
+    const int checks_only = strcmp(mode, "--checks") == 0;
+    if (argc != 2 + (sweep_only || checks_only)) {
+        fprintf(stderr, "usage: trellis-gpu-bench [--sweep | --checks] OUT.json\n");
         return 2;
     }
     const char *out = argv[argc - 1];
@@ -844,7 +846,10 @@ int main(int argc, char **argv) {
         check_decode(s);
         check_matmul(s);
         check_block(s);
-        timing(s, copy_gbs);
+        if (checks_only)
+            jprintf("\"checks_only\": true");
+        else
+            timing(s, copy_gbs);
     }
     jprintf(", \"failures\": %d}\n", failures);
     FILE *f = fopen(out, "w");
