@@ -195,7 +195,7 @@ __device__ uint8_t e4m3_rne_pow2(float x, int e) {
     return (uint8_t)(sign | min(code, 0x7eu));
 }
 
-/* RNE_E2M1(x / d) as the E4M3 byte of the same value (§1.2), the operand the FP8 MMA takes,
+/* RNE_E2M1(x / d) as the E4M3 byte of the same value (§1.2), the byte the matmul stages,
  * for finite x and a block step d = e4m3(s_b) 2^e > 0: the code counts the midpoints between
  * E2M1 magnitudes (0.25, 0.75, ..., 5) that |x| / d passes, a tie going to the even code.
  * A midpoint times d has at most 7 significant bits and lies between 2^-138 and the block's

@@ -2,12 +2,13 @@
  *
  * The device path of codec.trellis-e4m3 and codec.trellis-fp4: a layer's experts copied to the
  * GPU, decoded tile by tile inside the expert matmuls, never to memory. Lane l of a warp
- * decodes trellis positions 8l..8l+7 of a tile (§2) straight into the A fragment of an
- * mma.m16n8k32 E4M3 product: a tile's 16 rows are the MMA's 16 rows, two tiles side by side its
- * 32 k, and up to 8 tokens its 8 columns. Law e2m1 runs on the same FP8 MMA, its E2M1 codes
- * written as the E4M3 bytes of the same values (§1.2). The MMA's k order inside 32 inputs is
- * not the matrix's: k = 16h + 4q + i multiplies input 16h + 2q + (i & 1) + 8(i >> 1), so the
- * activations are stored permuted that way ("kappa order") and the weights need no shuffle.
+ * decodes trellis positions 8l..8l+7 of a tile (§2) straight into its A fragment of an f16
+ * mma.m16n8k16 (decode.cuh): a tile's 16 rows are the MMA's 16 rows and up to 8 tokens its 8
+ * columns; law e2m1 takes the same path, its E2M1 values being f16 values too. The quantized
+ * activations are stored in "kappa order" (within 32 inputs, k = 16h + 4q + i holds input
+ * 16h + 2q + (i & 1) + 8(i >> 1), the B-fragment order of an m16n8k32 FP8 MMA), and the
+ * matmul stages them into the column order the decoded fragments come out in ("lambda
+ * order", decode.cuh), so the weights need no shuffle.
  *
  * C interface for plugins/trellis/cuda/codec_device.c and the bench; the .cu files implement
  * it. Functions that can fail return 0 or 1 with a one-line reason in msg[size]. Pointers
