@@ -106,6 +106,10 @@ void cu_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits,
                   enum tmx_router_score score, int norm_topk, float scale);
 void cu_moe_experts(void *ctx, float *out, const float *z, const int32_t *ids,
                     const float *weights, int n, int k, const struct tmx_moe_weights *w);
+void cu_moe_experts_partial(void *ctx, float *ye, const float *z, const int32_t *ids, int n,
+                            int k, const struct tmx_moe_weights *w);
+void cu_moe_combine(void *ctx, float *out, const float *ye, const float *weights, int n, int k,
+                    int latent, const struct tmx_tensor *post_norm, float eps);
 
 #ifdef __cplusplus
 }

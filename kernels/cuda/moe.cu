@@ -1,4 +1,5 @@
-/* moe.cu: the router (moe_route) and the routed experts (moe_experts). */
+/* moe.cu: the router (moe_route), the routed experts (moe_experts) and their tensor-parallel
+ * halves (moe_experts_partial, moe_combine). */
 #include <climits>
 
 #include "cuda-dev.cuh"
@@ -107,6 +108,8 @@ struct experts_args {
     float *out;           /* [n][latent] */
     int k, expert0, n_experts, latent, inter;
     float eps;
+    int raw; /* moe_experts_partial: y = down_e . hid unnormalized, unweighted, zeros for pairs
+              * of other ranks' experts; y is then the op's output */
 };
 
 /* Local expert of pair p, or -1 when it is another rank's. */
@@ -151,7 +154,11 @@ experts_down_kernel(struct expert_ptrs w, struct experts_args a) {
     int64_t p = blockIdx.x;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int e = local_expert(a, p);
-    if (e < 0) return;
+    if (e < 0) {
+        if (a.raw)
+            for (int d = threadIdx.x; d < a.latent; d += blockDim.x) a.y[p * a.latent + d] = 0.0f;
+        return;
+    }
     const float *h = a.hid + p * a.inter;
     for (int d = warp; d < a.latent; d += 8) {
         int64_t row = (int64_t)d * a.inter;
@@ -161,6 +168,10 @@ experts_down_kernel(struct expert_ptrs w, struct experts_args a) {
         if (lane == 0) yrow[d] = acc;
     }
     __syncthreads();
+    if (a.raw) {
+        for (int d = threadIdx.x; d < a.latent; d += blockDim.x) a.y[p * a.latent + d] = yrow[d];
+        return;
+    }
     float ss = 0.0f;
     if (a.post)
         for (int d = threadIdx.x; d < a.latent; d += blockDim.x) ss += yrow[d] * yrow[d];
@@ -211,35 +222,132 @@ static int check_experts(struct cu_ctx *c, const struct tmx_moe_weights *w, stru
     return 1;
 }
 
-extern "C" void cu_moe_experts(void *ctx, float *out, const float *z, const int32_t *ids,
-                               const float *weights, int n, int k,
-                               const struct tmx_moe_weights *w) {
-    struct cu_ctx *c = (struct cu_ctx *)ctx;
+/* gate/up and down for every pair into a.y (moe_experts: weighted and normed rows, then
+ * summed per token; moe_experts_partial: the raw rows are the output). */
+static void experts_run(struct cu_ctx *c, const char *op, const int32_t *ids, int n, int k,
+                        const struct tmx_moe_weights *w, struct experts_args *a, float **y) {
     struct expert_ptrs ptrs = {};
-    if (!cu_enter(c, "moe_experts")) return;
     if (n < 0 || k <= 0) {
-        cu_fail(c, TMX_ERR_INVALID, "moe_experts: n = %d, k = %d", n, k);
+        cu_fail(c, TMX_ERR_INVALID, "%s: n = %d, k = %d", op, n, k);
         return;
     }
     if (!check_experts(c, w, &ptrs) || n == 0) return;
     int64_t pairs = (int64_t)n * k;
     size_t shmem = (size_t)w->latent * sizeof(float);
     if (shmem > 48 * 1024) {
-        cu_fail(c, TMX_ERR_UNSUPPORTED, "moe_experts: latent %d (at most 12288)", w->latent);
+        cu_fail(c, TMX_ERR_UNSUPPORTED, "%s: latent %d (at most 12288)", op, w->latent);
         return;
     }
-    float *hid = (float *)cu_scratch(c, (size_t)pairs * (w->inter + w->latent) * sizeof(float),
-                                     "moe_experts");
+    /* [pairs][inter] hid, and for moe_experts [pairs][latent] y */
+    size_t floats = (size_t)pairs * (w->inter + (*y ? 0 : w->latent));
+    float *hid = (float *)cu_scratch(c, floats * sizeof(float), op);
     if (!hid) return;
-    struct experts_args a = {z, ids, weights, w->post_norm ? w->post_norm->data : NULL,
-                             w->post_norm ? (int)w->post_norm->dtype : 0, hid,
-                             hid + pairs * w->inter, out, k, w->expert0, w->n_experts,
-                             w->latent, w->inter, w->eps};
+    if (!*y) *y = hid + pairs * w->inter;
+    a->ids = ids;
+    a->hid = hid;
+    a->y = *y;
+    a->k = k;
+    a->expert0 = w->expert0;
+    a->n_experts = w->n_experts;
+    a->latent = w->latent;
+    a->inter = w->inter;
+    a->eps = w->eps;
     dim3 up_grid((unsigned)pairs, (unsigned)((w->inter + 7) / 8));
-    CU_DISPATCH_W(w->gate[0].dtype, (experts_up_kernel<DT><<<up_grid, 256, 0, c->stream>>>(ptrs, a),
+    CU_DISPATCH_W(w->gate[0].dtype, (experts_up_kernel<DT><<<up_grid, 256, 0, c->stream>>>(ptrs, *a),
                                      experts_down_kernel<DT><<<(unsigned)pairs, 256, shmem,
-                                                               c->stream>>>(ptrs, a)));
+                                                               c->stream>>>(ptrs, *a)));
+}
+
+extern "C" void cu_moe_experts(void *ctx, float *out, const float *z, const int32_t *ids,
+                               const float *weights, int n, int k,
+                               const struct tmx_moe_weights *w) {
+    struct cu_ctx *c = (struct cu_ctx *)ctx;
+    if (!cu_enter(c, "moe_experts")) return;
+    struct experts_args a = {};
+    a.z = z;
+    a.weights = weights;
+    a.post = w->post_norm ? w->post_norm->data : NULL;
+    a.post_dt = w->post_norm ? (int)w->post_norm->dtype : 0;
+    a.out = out;
+    float *y = NULL;
+    experts_run(c, "moe_experts", ids, n, k, w, &a, &y);
+    if (!y) return;
     int64_t count = (int64_t)n * w->latent;
     experts_sum_kernel<<<blocks_for(count, 256), 256, 0, c->stream>>>(a, count);
     cu_check_launch(c, "moe_experts");
+}
+
+extern "C" void cu_moe_experts_partial(void *ctx, float *ye, const float *z, const int32_t *ids,
+                                       int n, int k, const struct tmx_moe_weights *w) {
+    struct cu_ctx *c = (struct cu_ctx *)ctx;
+    if (!cu_enter(c, "moe_experts_partial")) return;
+    struct experts_args a = {};
+    a.z = z;
+    a.raw = 1;
+    experts_run(c, "moe_experts_partial", ids, n, k, w, &a, &ye);
+    cu_check_launch(c, "moe_experts_partial");
+}
+
+/* --- moe_combine ----------------------------------------------------------------------------
+ * The all-reduced pair rows normed, weighted and summed per token in j order, rounding as the
+ * CPU set's combine does: 1/rms per pair first (a block each, the sum of squares in double),
+ * then every output element's k terms. */
+
+/* inv[p] = 1 / sqrt(mean(ye[p]^2) + eps). */
+__global__ void __launch_bounds__(256)
+combine_rms_kernel(const float *ye, int latent, float eps, float *inv) {
+    __shared__ double red[32];
+    int64_t p = blockIdx.x;
+    const float *y = ye + p * latent;
+    double ss = 0.0;
+    for (int d = threadIdx.x; d < latent; d += blockDim.x) ss += (double)y[d] * y[d];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) t += red[w];
+        inv[p] = (float)(1.0 / sqrt(t / latent + eps));
+    }
+}
+
+/* out[t][d] = sum over j of ye[t][j][d] (* inv[t][j] * post[d]) * weights[t][j]. */
+__global__ void combine_kernel(float *out, const float *ye, const float *weights,
+                               const float *inv, const void *post, int post_dt, int k,
+                               int latent, int64_t count) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= count) return;
+    int64_t t = idx / latent, d = idx % latent;
+    const float pd = post ? load_any(post, post_dt, d) : 1.0f;
+    float s = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int64_t p = t * k + j;
+        const float y = ye[p * latent + d];
+        s += post ? y * inv[p] * pd * weights[p] : y * weights[p];
+    }
+    out[idx] = s;
+}
+
+extern "C" void cu_moe_combine(void *ctx, float *out, const float *ye, const float *weights,
+                               int n, int k, int latent, const struct tmx_tensor *post_norm,
+                               float eps) {
+    struct cu_ctx *c = (struct cu_ctx *)ctx;
+    if (!cu_enter(c, "moe_combine")) return;
+    if (n < 0 || k <= 0 || latent <= 0) {
+        cu_fail(c, TMX_ERR_INVALID, "moe_combine: n = %d, k = %d, latent = %d", n, k, latent);
+        return;
+    }
+    if (post_norm && !cu_check_weight(c, "moe_combine", "post_norm", post_norm, 1, latent, 0))
+        return;
+    if (n == 0) return;
+    int64_t pairs = (int64_t)n * k, count = (int64_t)n * latent;
+    float *inv = NULL;
+    if (post_norm) {
+        if (!(inv = (float *)cu_scratch(c, (size_t)pairs * sizeof(float), "moe_combine"))) return;
+        combine_rms_kernel<<<(unsigned)pairs, 256, 0, c->stream>>>(ye, latent, eps, inv);
+    }
+    combine_kernel<<<blocks_for(count, 256), 256, 0, c->stream>>>(
+        out, ye, weights, inv, post_norm ? post_norm->data : NULL,
+        post_norm ? (int)post_norm->dtype : 0, k, latent, count);
+    cu_check_launch(c, "moe_combine");
 }

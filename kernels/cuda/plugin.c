@@ -361,6 +361,8 @@ static const struct tmx_kernels_i cu_ops = {
     .add_gated = cu_add_gated,
     .gather = cu_gather,
     .native_stream = cu_native_stream,
+    .moe_experts_partial = cu_moe_experts_partial,
+    .moe_combine = cu_moe_combine,
 };
 
 static const struct tmx_option cu_options[] = {
