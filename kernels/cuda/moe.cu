@@ -253,9 +253,9 @@ static void experts_run(struct cu_ctx *c, const char *op, const int32_t *ids, in
     a->inter = w->inter;
     a->eps = w->eps;
     dim3 up_grid((unsigned)pairs, (unsigned)((w->inter + 7) / 8));
-    CU_DISPATCH_W(w->gate[0].dtype, (experts_up_kernel<DT><<<up_grid, 256, 0, c->stream>>>(ptrs, *a),
-                                     experts_down_kernel<DT><<<(unsigned)pairs, 256, shmem,
-                                                               c->stream>>>(ptrs, *a)));
+    CU_DISPATCH_W(w->gate[0].dtype,
+                  (experts_up_kernel<DT><<<up_grid, 256, 0, c->stream>>>(ptrs, *a),
+                   experts_down_kernel<DT><<<(unsigned)pairs, 256, shmem, c->stream>>>(ptrs, *a)));
 }
 
 extern "C" void cu_moe_experts(void *ctx, float *out, const float *z, const int32_t *ids,
