@@ -4,10 +4,8 @@
  * state extraction, the law, the block scales, the chunk size, the registers and the warps
  * per CTA; 8 experts x [4096][4096] random words, one and two matrices a launch (two: the
  * gate+up launch). Exact variants must equal the first bit for bit; ablations (which compute
- * wrong values on purpose, to price a step) are marked. Not built by CMake; on a GPU machine:
- *
- *     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iplugins/trellis/cuda \
- *          -o /tmp/gemv_variants tools/trellis/gemv_variants.cu && /tmp/gemv_variants */
+ * wrong values on purpose, to price a step) are marked. Built as bin/trellis-gemv-variants
+ * (plugins/trellis/cuda/CMakeLists.txt); run it on a GPU machine, no arguments. */
 #include "decode.cuh"
 #include <cstdio>
 #include <cstdlib>

@@ -2,11 +2,8 @@
  * (docs/perf/h200-codec.md, "Where the time goes"): each op followed by an xor (LOP3) in
  * eight independent chains per thread, 8 CTAs of 256 threads per SM; printed as (op + xor)
  * pairs per clock per SM at the reported clock. An op that shares the ALU pipe with the xor
- * shows about 1, a full-rate op on another pipe up to 2, slower ops less. Not built by
- * CMake; on a GPU machine:
- *
- *     nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/instr_rates \
- *          tools/trellis/instr_rates.cu && /tmp/instr_rates */
+ * shows about 1, a full-rate op on another pipe up to 2, slower ops less. Built as
+ * bin/trellis-instr-rates (plugins/trellis/cuda/CMakeLists.txt); run it on a GPU machine. */
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
