@@ -53,6 +53,17 @@ def run(*args, check=True):
     return r
 
 
+def assert_one_line_errors(cases, prefix):
+    """Each (args, name): tmx eval-kld fails with one stderr line that starts with prefix and
+    names what is wrong."""
+    for args, name in cases:
+        r = run(*args, check=False)
+        assert r.returncode != 0, args
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(prefix), (args, r.stderr)
+        assert name in lines[0], (args, lines[0])
+
+
 def evaluate(teacher, model, texts, out, *extra):
     args = ["--teacher", teacher, "--model", model, "--window", str(WINDOW), "--max-windows",
             str(MAX_WINDOWS), "--threads", str(THREADS), "--out", str(out)]
@@ -349,12 +360,7 @@ def test_paired_refuses_runs_of_other_rows(tiny, k3, texts, served, tmp_path):
         (["--paired", str(served[2]), "--paired", str(served[2]), "--teacher", tiny],
          "no --teacher"),
     ]
-    for args, name in cases:
-        r = run(*args, check=False)
-        assert r.returncode != 0, args
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("tmx eval-kld: --paired"), (args, r.stderr)
-        assert name in lines[0], (args, lines[0])
+    assert_one_line_errors(cases, "tmx eval-kld: --paired")
 
 
 def test_calibration_overlap_leaves_windows_out(tiny, k3, texts, tmp_path):
@@ -429,9 +435,4 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(tiny, texts, tmp_path):
         (["--teacher", tiny, "--model", str(tmp_path / "nomodel"), "--text", t], "--model"),
         (base + ["--text", t, "stray"], "stray"),
     ]
-    for args, name in cases:
-        r = run(*args, check=False)
-        assert r.returncode != 0, args
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("tmx eval-kld: "), (args, r.stderr)
-        assert name in lines[0], (args, lines[0])
+    assert_one_line_errors(cases, "tmx eval-kld: ")
