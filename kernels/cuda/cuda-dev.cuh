@@ -76,7 +76,7 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
 }
 
 /* Sum / max over the 32 lanes of a warp; every lane gets the result. */
-__device__ __forceinline__ float warp_sum(float v) {
+template <typename T> __device__ __forceinline__ T warp_sum(T v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
@@ -87,14 +87,14 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 /* Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets
- * the result. `red` is __shared__ float[32]. */
-__device__ __forceinline__ float block_sum(float v, float *red) {
+ * the result. `red` is __shared__ T[32]. */
+template <typename T> __device__ __forceinline__ T block_sum(T v, T *red) {
     v = warp_sum(v);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
     __syncthreads(); /* red may hold a previous call's values */
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    v = lane < n_warps ? red[lane] : 0.0f;
+    v = lane < n_warps ? red[lane] : T(0);
     return warp_sum(v);
 }
 

@@ -301,14 +301,8 @@ combine_rms_kernel(const float *ye, int latent, float eps, float *inv) {
     const float *y = ye + p * latent;
     double ss = 0.0;
     for (int d = threadIdx.x; d < latent; d += blockDim.x) ss += (double)y[d] * y[d];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0.0;
-        for (int w = 0; w < (int)blockDim.x / 32; w++) t += red[w];
-        inv[p] = (float)(1.0 / sqrt(t / latent + eps));
-    }
+    ss = block_sum(ss, red);
+    if (threadIdx.x == 0) inv[p] = (float)(1.0 / sqrt(ss / latent + eps));
 }
 
 /* out[t][d] = sum over j of ye[t][j][d] (* inv[t][j] * post[d]) * weights[t][j]. */
