@@ -3,19 +3,22 @@
  * A CTA computes MM_WARPS strips of 16 output rows of one expert's matrix for one group of up
  * to 8 * NG tokens. Each warp streams its strip's tiles into its own piece of shared memory
  * with cp.async, MM_CHUNK tiles at a time, two chunks deep (the next one lands while this one
- * is decoded), and the CTA stages the group's activations for the same 256 inputs. Per tile
- * a lane decodes its A fragment of an m16n8k16 f16 product (decode.cuh), multiplies it by its
- * rows' block scales (every code value times an E4M3 scale is exact in f16: at most 8
- * significant bits, 2^-18 to 1568 for law e4m3, 2^-10 to 2688 for law e2m1) and issues one
- * MMA per 8 tokens into the FP32 accumulators. Law e2m1's activations are staged already
- * multiplied by their block scales (exact in f16 the same way), so both laws sum Q x in the
- * MMA's accumulators; the matrix scale g and the token scale multiply once at the end.
+ * is decoded), and the CTA stages the group's activations for the same 256 inputs as the f16
+ * B fragments of its lanes. Per tile a lane decodes its A fragment of an m16n8k16 f16 product
+ * (decode.cuh), multiplies it by its rows' block scales (every code value times an E4M3 scale
+ * is exact in f16: at most 8 significant bits, 2^-18 to 1568 for law e4m3, 2^-10 to 2688 for
+ * law e2m1) and issues one MMA per 8 tokens into the FP32 accumulators. Law e2m1's
+ * activations are staged already multiplied by their block scales (exact in f16 the same way),
+ * so both laws sum Q x in the MMA's accumulators; the matrix scale g and the token scale
+ * multiply once at the end.
  *
- * The GEMV (NG = 1, up to 8 tokens) stages its activations as f16, two buffers deep, from
- * registers loaded a chunk ahead: one barrier per chunk; it is held to 64 registers so that
- * 8 CTAs fit an SM (gate and up of 8 experts at 4096 rows are 1024 CTAs: one wave on 132
- * SMs). The grouped GEMM (NG = 8) stages E4M3 bytes in one buffer (its 64 tokens' f16 would
- * not fit) and converts them at the MMA. */
+ * The GEMV (NG = 1, up to 8 tokens) stages its activations two buffers deep, from registers
+ * loaded a chunk ahead: one barrier per chunk; it is held to 64 registers so that 8 CTAs fit
+ * an SM (gate and up of 8 experts at 4096 rows are 1024 CTAs: one wave on 132 SMs). The
+ * grouped GEMM (NG = 8, 64 tokens) stages a chunk's activations in one buffer between two
+ * barriers, its loads in batches (a chunk ahead they would not fit its registers), and is held
+ * to 128 registers for 4 CTAs an SM. A group of 128 tokens, decoding each tile half as often,
+ * ran slower: 2 CTAs an SM hid the staging's loads worse (docs/perf/h200-codec.md). */
 #include "decode.cuh"
 #include "mm.cuh"
 #include "trellis_cuda.h"
@@ -23,8 +26,12 @@
 #include <stdio.h>
 
 #define CHUNK_COLS (16 * MM_CHUNK)
-#define X8_STRIDE (CHUNK_COLS / 4 + 4)   /* words per E4M3 token row; +4 spreads the banks */
-#define X16_STRIDE (CHUNK_COLS / 2 + 16) /* words per f16 token row; +16 (64 B) likewise */
+#define X16_STRIDE (CHUNK_COLS / 2 + 16) /* words per token row; +16 (64 B) spreads the banks */
+
+/* Bytes of dynamic shared memory of a group of `group` tokens: the activation buffers. */
+static size_t x_smem(int group) {
+    return (size_t)(group == MM_GROUP_SMALL ? 2 : 1) * group * X16_STRIDE * sizeof(uint32_t);
+}
 
 struct mm_group {
     int expert, first, count;
@@ -79,19 +86,37 @@ __device__ __forceinline__ __half2 scale_h2(const uint32_t (&h)[SH], int b) {
     return b & 1 ? __high2half2(v) : __low2half2(v);
 }
 
+/* Stages token row xs (f16, [step of 32 inputs][q][tile of the step][b0, b1]) for tile u of
+ * a chunk from the tile's 16 kappa bytes v; law e2m1 multiplies them by their block scale xb. */
+template <bool FP4>
+__device__ __forceinline__ void stage_tile(uint32_t *xs, int u, uint4 v, float xb) {
+    const uint4 n = lambda_words(v);
+    const uint32_t w[4] = {n.x, n.y, n.z, n.w};
+    const __half2 s = __float2half2_rn(xb);
+#pragma unroll
+    for (int i = 0; i < 4; i++) { /* lambda word q = i of the tile: b0 = low half */
+        uint32_t b0, b1;
+        e4m3x4_to_f16x2(w[i], b0, b1);
+        if (FP4) {
+            b0 = h2_mul(b0, s);
+            b1 = h2_mul(b1, s);
+        }
+        *reinterpret_cast<uint2 *>(&xs[(u >> 1) * 16 + i * 4 + (u & 1) * 2]) = make_uint2(b0, b1);
+    }
+}
+
 template <int K, bool FP4, int NG>
-__global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 1) mm_kernel(const mm_params p) {
+__global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(const mm_params p) {
     constexpr int NW = 8 * K, GT = 8 * NG, BLOCK = FP4 ? 16 : 32;
     constexpr int SW = CHUNK_COLS / BLOCK / 4; /* scale words of a row per chunk: 2 or 4 */
-    constexpr bool XH = NG == 1;               /* activations staged as f16, double-buffered */
-    constexpr int XB = XH ? 2 : 1, XS = XH ? X16_STRIDE : X8_STRIDE;
-    static_assert(!XH || GT * MM_CHUNK == MM_WARPS * 32, "a thread stages one tile of a token");
+    constexpr bool PRE = NG == 1;              /* activations a chunk ahead, double-buffered */
+    constexpr int XB = PRE ? 2 : 1;
+    static_assert(!PRE || GT * MM_CHUNK == MM_WARPS * 32, "a thread stages one tile of a token");
     __shared__ uint4 w_s[2][MM_WARPS][MM_CHUNK * NW / 4]; /* [chunk % 2][warp][tile][8K] */
-    /* XH: [buffer][token][step of 32 inputs][q][tile of the step][b0, b1] f16x2, the B
-     * fragments of a lane (q = lane % 4) for both tiles of a step in one 16-byte load;
-     * else [token][tile][lambda word q] E4M3 bytes. */
-    __shared__ __align__(16) uint32_t x_s[XB][GT][XS];
-    __shared__ __half2 xb_s[FP4 && !XH ? GT : 1][MM_CHUNK]; /* law e2m1, E4M3 staging */
+    /* [buffer][token][step of 32 inputs][q][tile of the step][b0, b1] f16x2: the B fragments
+     * of a lane (q = lane % 4) for both tiles of a step in one 16-byte load (x_smem bytes). */
+    extern __shared__ __align__(16) uint32_t x_dyn[];
+    uint32_t(*x_s)[GT][X16_STRIDE] = reinterpret_cast<uint32_t(*)[GT][X16_STRIDE]>(x_dyn);
     __shared__ uint8_t lut_s[FP4 ? TRELLIS_LUT : 1]; /* law e2m1: sigma -> value's f16 >> 8 */
     __shared__ int row_s[GT];
 
@@ -134,44 +159,33 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 1) mm_kernel(cons
     };
     load_scales(0);
 
-    /* XH: thread i stages tile i % 16 of token i / 16 from registers loaded a chunk ahead. */
-    const int xt = threadIdx.x / MM_CHUNK, xu = threadIdx.x % MM_CHUNK;
-    if (XH) /* a token the group lacks stays zero: its thread stages nothing */
-        for (int i = threadIdx.x; i < XB * GT * XS; i += blockDim.x) (&x_s[0][0][0])[i] = 0u;
+    /* A token the group lacks stays zero: nothing stages it. */
+    for (int i = threadIdx.x; i < XB * GT * X16_STRIDE; i += blockDim.x) x_dyn[i] = 0u;
     __syncthreads(); /* row_s, lut_s, x_s */
-    const int xr = XH ? row_s[xt] : -1;
-    uint4 xn = make_uint4(0, 0, 0, 0); /* its 16 kappa bytes of the next chunk */
-    float xbn = 0.0f;                  /* law e2m1: their block scale */
-    auto load_x = [&](int c) {
-        if (xr < 0 || xu >= chunk_tiles(c)) {
+    /* The tile u of token t (its 16 kappa bytes) of chunk c, and law e2m1's block scale. */
+    auto load_x = [&](int c, int t, int u, uint4 &v, float &xb) {
+        const int r = row_s[t];
+        v = reinterpret_cast<const uint4 *>(p.x + (size_t)r * p.cols + c * CHUNK_COLS)[u];
+        xb = FP4 ? p.xb[(size_t)r * (p.cols / 16) + c * MM_CHUNK + u] : 0.0f;
+    };
+    /* PRE: thread i stages tile i % 16 of token i / 16 from registers loaded a chunk ahead. */
+    const int xt = threadIdx.x / MM_CHUNK, xu = threadIdx.x % MM_CHUNK;
+    const bool x_mine = PRE && row_s[xt] >= 0;
+    uint4 xn = make_uint4(0, 0, 0, 0);
+    float xbn = 0.0f;
+    auto load_next = [&](int c) { /* zeros past a short chunk's end */
+        if (!x_mine) return;
+        if (xu < chunk_tiles(c)) {
+            load_x(c, xt, xu, xn, xbn);
+        } else {
             xn = make_uint4(0, 0, 0, 0);
             xbn = 0.0f;
-            return;
-        }
-        xn = reinterpret_cast<const uint4 *>(p.x + (size_t)xr * p.cols + c * CHUNK_COLS)[xu];
-        if (FP4) xbn = p.xb[(size_t)xr * (p.cols / 16) + c * MM_CHUNK + xu];
-    };
-    auto stage_x = [&](int buf) { /* XH: the registers into x_s[buf] */
-        if (xr < 0) return;
-        const uint4 n = lambda_words(xn);
-        const uint32_t v[4] = {n.x, n.y, n.z, n.w};
-        const __half2 xb = __float2half2_rn(xbn);
-#pragma unroll
-        for (int i = 0; i < 4; i++) { /* lambda word q = i of the tile: b0 = low half */
-            uint32_t b0, b1;
-            e4m3x4_to_f16x2(v[i], b0, b1);
-            if (FP4) {
-                b0 = h2_mul(b0, xb);
-                b1 = h2_mul(b1, xb);
-            }
-            *reinterpret_cast<uint2 *>(&x_s[buf][xt][(xu >> 1) * 16 + i * 4 + (xu & 1) * 2]) =
-                make_uint2(b0, b1);
         }
     };
-    if (XH) {
-        load_x(0);
-        stage_x(0);
-        if (n_chunks > 1) load_x(1);
+    if (PRE) {
+        load_next(0);
+        if (x_mine) stage_tile<FP4>(x_s[0][xt], xu, xn, xbn);
+        if (n_chunks > 1) load_next(1);
     }
 
     for (int c = 0; c < n_chunks; c++) {
@@ -182,23 +196,30 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 1) mm_kernel(cons
             e4m3x4_to_f16x2(sn0[i], s0[2 * i], s0[2 * i + 1]);
             e4m3x4_to_f16x2(sn1[i], s1[2 * i], s1[2 * i + 1]);
         }
-        __syncthreads(); /* chunk c - 1 is consumed; XH: chunk c's activations are staged */
-        if (XH) {
+        __syncthreads(); /* chunk c - 1 is consumed; PRE: chunk c's activations are staged */
+        if (PRE) {
             if (c + 1 < n_chunks) {
-                stage_x((c + 1) & 1);
-                if (c + 2 < n_chunks) load_x(c + 2);
+                if (x_mine) stage_tile<FP4>(x_s[(c + 1) & 1][xt], xu, xn, xbn);
+                if (c + 2 < n_chunks) load_next(c + 2);
             }
-        } else {
-            for (int i = threadIdx.x; i < GT * MM_CHUNK; i += blockDim.x) {
-                const int t = i / MM_CHUNK, u = i % MM_CHUNK, r = row_s[t];
-                const bool in = r >= 0 && u < tc;
-                const uint4 v = !in ? make_uint4(0, 0, 0, 0)
-                                    : reinterpret_cast<const uint4 *>(
-                                          p.x + (size_t)r * p.cols + c * CHUNK_COLS)[u];
-                *reinterpret_cast<uint4 *>(&x_s[0][t][4 * u]) = lambda_words(v);
-                if (FP4)
-                    xb_s[t][u] = __float2half2_rn(
-                        !in ? 0.0f : p.xb[(size_t)r * (p.cols / 16) + c * MM_CHUNK + u]);
+        } else { /* loads in batches of 4 tiles a thread: one wait for memory per batch */
+            constexpr int PER = GT * MM_CHUNK / (MM_WARPS * 32), BATCH = PER < 4 ? PER : 4;
+#pragma unroll
+            for (int b = 0; b < PER; b += BATCH) {
+                uint4 v[BATCH];
+                float xb[BATCH];
+#pragma unroll
+                for (int j = 0; j < BATCH; j++) {
+                    const int i = (b + j) * MM_WARPS * 32 + threadIdx.x;
+                    const int t = i / MM_CHUNK, u = i % MM_CHUNK;
+                    if (row_s[t] >= 0 && u < tc) load_x(c, t, u, v[j], xb[j]);
+                }
+#pragma unroll
+                for (int j = 0; j < BATCH; j++) {
+                    const int i = (b + j) * MM_WARPS * 32 + threadIdx.x;
+                    const int t = i / MM_CHUNK, u = i % MM_CHUNK;
+                    if (row_s[t] >= 0 && u < tc) stage_tile<FP4>(x_s[0][t], u, v[j], xb[j]);
+                }
             }
         }
         if (c + 1 < n_chunks)
@@ -207,15 +228,14 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 1) mm_kernel(cons
         else
             asm volatile("cp.async.commit_group;" ::: "memory"); /* keeps wait_chunk's count */
         wait_chunk(); /* chunk c's words, this lane's copies */
-        if (XH)
+        if (PRE)
             __syncwarp(); /* all the warp's copies */
         else
             __syncthreads(); /* and the activations */
         if (c + 1 < n_chunks) load_scales(c + 1);
 
         const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[c & 1][warp]);
-        const uint32_t(*xs)[XS] = x_s[c % XB];
-        const uint32_t *xq = &xs[g][q * 4]; /* XH: the lane's B fragments, 16 words a step */
+        const uint32_t *xq = &x_s[c % XB][g][q * 4]; /* the lane's B fragments, 16 words a step */
         auto step = [&](int st) { /* 32 inputs: tiles 2st, 2st + 1 */
             uint32_t a[2][4];
 #pragma unroll
@@ -231,24 +251,10 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 1) mm_kernel(cons
 #pragma unroll
             for (int n = 0; n < NG; n++) {
                 if (n && 8 * n >= grp.count) break; /* no tokens left in the group */
-                if (XH) {
-                    const uint4 bx = *reinterpret_cast<const uint4 *>(xq + st * 16);
-                    mma_f16(acc[n], a[0], bx.x, bx.y);
-                    mma_f16(acc[n], a[1], bx.z, bx.w);
-                } else {
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const uint32_t v = xs[8 * n + g][8 * st + 4 * h + q];
-                        uint32_t b0, b1;
-                        e4m3x4_to_f16x2(v, b0, b1);
-                        if (FP4) {
-                            const __half2 xb = xb_s[8 * n + g][2 * st + h];
-                            b0 = h2_mul(b0, xb);
-                            b1 = h2_mul(b1, xb);
-                        }
-                        mma_f16(acc[n], a[h], b0, b1);
-                    }
-                }
+                const uint4 bx =
+                    *reinterpret_cast<const uint4 *>(xq + 8 * n * X16_STRIDE + st * 16);
+                mma_f16(acc[n], a[0], bx.x, bx.y);
+                mma_f16(acc[n], a[1], bx.z, bx.w);
             }
         };
 #pragma unroll
@@ -274,13 +280,25 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 1) mm_kernel(cons
         }
 }
 
+/* One group size's kernel with its dynamic shared memory, which with the static part passes
+ * the default 48 KB at 64 tokens. */
+template <int K, bool FP4, int NG>
+static cudaError_t launch_ng(const mm_params &p, dim3 grid, cudaStream_t stream) {
+    const size_t smem = x_smem(8 * NG);
+    const cudaError_t e = cudaFuncSetAttribute(
+        mm_kernel<K, FP4, NG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    mm_kernel<K, FP4, NG><<<grid, MM_WARPS * 32, smem, stream>>>(p);
+    return cudaGetLastError();
+}
+
 template <int K, bool FP4>
 static cudaError_t launch_k(int group, const mm_params &p, dim3 grid, cudaStream_t stream) {
-    if (group == MM_GROUP_SMALL)
-        mm_kernel<K, FP4, MM_GROUP_SMALL / 8><<<grid, MM_WARPS * 32, 0, stream>>>(p);
-    else
-        mm_kernel<K, FP4, MM_GROUP_LARGE / 8><<<grid, MM_WARPS * 32, 0, stream>>>(p);
-    return cudaGetLastError();
+    switch (group) {
+    case MM_GROUP_SMALL: return launch_ng<K, FP4, MM_GROUP_SMALL / 8>(p, grid, stream);
+    case MM_GROUP_LARGE: return launch_ng<K, FP4, MM_GROUP_LARGE / 8>(p, grid, stream);
+    default: return cudaErrorInvalidValue;
+    }
 }
 
 template <bool FP4>

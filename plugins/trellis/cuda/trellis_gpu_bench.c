@@ -9,10 +9,10 @@
  * 2. Decode: random tiles (and all-zero, all-one ones) of every K and both laws decoded by
  *    the device's lanes into their operand bytes, compared with the CPU decoder bit for bit.
  * 3. Matmul: the fused matmul against the CPU's y = g a sum (B . C) x in double, for a small
- *    matrix the Viterbi encoder wrote and random streams of every K, at 1 to 67 tokens.
+ *    matrix the Viterbi encoder wrote and random streams of every K, at 1 to 200 tokens.
  * 4. Expert block: the codec's device_moe_experts against its host moe_experts.
  * 5. Timing at the full-size shapes (latent = inter = 4096, 8 routed experts, K = 3):
- *    the expert block at 1 token (GEMV) and at 16, 64, 256 tokens per expert (grouped GEMM),
+ *    the expert block at 1 token (GEMV) and at 16 to 256 tokens per expert (grouped GEMM),
  *    per phase; cuBLASLt BF16 and FP8 GEMMs of the same shapes in the same run.
  * Any bit pattern is a valid trellis stream (§3), so the timed layers are random words and
  * block scales; only the small correctness cases use the encoder. Prints a table last and
@@ -313,14 +313,14 @@ static double matmul_error(const struct host_matrix *hm, int m, cudaStream_t s) 
 static void check_matmul(cudaStream_t s) {
     jprintf("\"matmul\": {\"tolerance\": %g, \"cases\": [", MATMUL_TOL);
     tprintf("\nfused matmul vs CPU (double), relative L2 error, tolerance %g:\n", MATMUL_TOL);
-    static const int tokens[3] = {1, 8, 67};
+    static const int tokens[5] = {1, 8, 40, 67, 200}; /* every group size, several groups */
     int first = 1;
     double worst = 0.0;
     for (int fp4 = 0; fp4 < 2; fp4++)
         for (int K = 1; K <= TMX_TRELLIS_K_MAX; K++) { /* K = 1: the encoded matrix at K = 3 */
             struct host_matrix hm = K == 1 ? encoded_matrix(fp4, 3, 128, 256)
                                            : random_matrix(fp4, K, 512, 1024);
-            for (int i = 0; i < 3; i++) {
+            for (int i = 0; i < 5; i++) {
                 const double err = matmul_error(&hm, tokens[i], s);
                 worst = err > worst ? err : worst;
                 failures += !(err <= MATMUL_TOL);
@@ -330,7 +330,7 @@ static void check_matmul(cudaStream_t s) {
                         hm.rows, hm.cols, tokens[i], err);
                 first = 0;
                 if (K == 1 || K == 3)
-                    tprintf("  %s K%d %-7s %dx%d, %2d tokens: %.2e%s\n", law_name(fp4), hm.K,
+                    tprintf("  %s K%d %-7s %dx%d, %3d tokens: %.2e%s\n", law_name(fp4), hm.K,
                             K == 1 ? "viterbi" : "random", hm.rows, hm.cols, tokens[i], err,
                             err <= MATMUL_TOL ? "" : "  FAIL");
             }
@@ -342,21 +342,21 @@ static void check_matmul(cudaStream_t s) {
     for (int fp4 = 0; fp4 < 2; fp4++)
         for (int sh = 0; sh < 2; sh++) {
             struct host_matrix hm = random_matrix(fp4, 3, short_shape[sh][0], short_shape[sh][1]);
-            for (int i = 0; i < 3; i++) {
+            for (int i = 0; i < 5; i++) {
                 const double err = matmul_error(&hm, tokens[i], s);
                 worst = err > worst ? err : worst;
                 failures += !(err <= MATMUL_TOL);
                 jprintf(", {\"law\": \"%s\", \"K\": 3, \"data\": \"random\", \"rows\": %d, "
                         "\"cols\": %d, \"tokens\": %d, \"rel_err\": %.3e}",
                         law_name(fp4), hm.rows, hm.cols, tokens[i], err);
-                tprintf("  %s K3 random  %dx%d, %2d tokens: %.2e%s\n", law_name(fp4), hm.rows,
+                tprintf("  %s K3 random  %dx%d, %3d tokens: %.2e%s\n", law_name(fp4), hm.rows,
                         hm.cols, tokens[i], err, err <= MATMUL_TOL ? "" : "  FAIL");
             }
             free(hm.words);
             free(hm.scales);
         }
     jprintf("], \"worst\": %.3e},\n", worst);
-    tprintf("  worst over both laws, K = 2..6, 1/8/67 tokens: %.2e\n", worst);
+    tprintf("  worst over both laws, K = 2..6, 1/8/40/67/200 tokens: %.2e\n", worst);
 }
 
 /* --- 4. the expert block: device path against the host path --------------------------------- */
@@ -471,14 +471,15 @@ static void check_block(cudaStream_t s) {
     jprintf("\"expert_block\": {\"tolerance\": %g, \"cases\": [", BLOCK_TOL);
     tprintf("\ndevice_moe_experts vs host moe_experts (16 experts, latent 512, inter 1024, "
             "top 4), relative L2 error, tolerance %g:\n", BLOCK_TOL);
-    static const int tokens[3] = {1, 3, 40}, norms[3] = {0, 1, 2};
+    /* 300 tokens: 75 pairs an expert, two groups of each expert */
+    static const int tokens[4] = {1, 3, 40, 300}, norms[4] = {0, 1, 2, 1};
     static const char *const norm_name[3] = {"none", "F32", "BF16"};
     for (int fp4 = 0; fp4 < 2; fp4++) {
         struct host_layer *h = xmalloc(sizeof *h);
         const int K = fp4 ? 4 : 3;
         layer_make(h, fp4, K, 16, 512, 1024);
         tprintf("  %s K%d:", fp4 ? "trellis-fp4" : "trellis-e4m3", K);
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             const double err = block_error(fp4, h, tokens[i], 4, norms[i], s);
             failures += !(err <= BLOCK_TOL);
             jprintf("%s{\"codec\": \"%s\", \"K\": %d, \"tokens\": %d, \"post_norm\": \"%s\", "
@@ -743,18 +744,24 @@ static void timing(cudaStream_t s, double copy_gbs) {
         exit(2);
     }
 
-    static const int tokens[4] = {1, 16, 64, 256};
-    double lt_ms[2][4];
-    for (int i = 0; i < 4; i++) {
+    enum { NT = 5 };
+    static const int tokens[NT] = {1, 16, 64, 128, 256};
+    double lt_ms[2][NT];
+    for (int i = 0; i < NT; i++) {
         lt_ms[0][i] = lt_block(lt, CUDA_R_16BF, tokens[i], wb, xb, d, ws, ws_size, s);
         lt_ms[1][i] = lt_block(lt, CUDA_R_8F_E4M3, tokens[i], wf, xf, d, ws, ws_size, s);
     }
     const double flops1 = 2.0 * 3 * EXPERTS * (double)mat; /* per token */
     jprintf("\"timing\": {\"experts\": %d, \"latent\": %d, \"inter\": %d, \"K\": %d, "
-            "\"reps\": %d, \"cublaslt_ms\": {\"bf16\": [%.4f, %.4f, %.4f, %.4f], "
-            "\"fp8\": [%.4f, %.4f, %.4f, %.4f]}, \"tokens_per_expert\": [1, 16, 64, 256], "
-            "\"codecs\": [", EXPERTS, SIDE, SIDE, K, REPS, lt_ms[0][0], lt_ms[0][1], lt_ms[0][2],
-            lt_ms[0][3], lt_ms[1][0], lt_ms[1][1], lt_ms[1][2], lt_ms[1][3]);
+            "\"reps\": %d, \"tokens_per_expert\": [", EXPERTS, SIDE, SIDE, K, REPS);
+    for (int i = 0; i < NT; i++) jprintf("%s%d", i ? ", " : "", tokens[i]);
+    jprintf("], \"cublaslt_ms\": {");
+    for (int t = 0; t < 2; t++) {
+        jprintf("%s\"%s\": [", t ? ", " : "", t ? "fp8" : "bf16");
+        for (int i = 0; i < NT; i++) jprintf("%s%.4f", i ? ", " : "", lt_ms[t][i]);
+        jprintf("]");
+    }
+    jprintf("}, \"codecs\": [");
     tprintf("\nfull size: 8 experts, latent = inter = %d, K = %d; ms per call (mean of %d); "
             "copy bandwidth %.0f GB/s\n", SIDE, K, REPS, copy_gbs);
     tprintf("  %-13s %6s %9s %9s %9s %9s %10s %9s %9s\n", "codec", "tokens", "gate+up", "down",
@@ -783,7 +790,7 @@ static void timing(cudaStream_t s, double copy_gbs) {
         }
         jprintf("%s{\"codec\": \"%s\", \"runs\": [", fp4 ? ", " : "",
                 fp4 ? "trellis-fp4" : "trellis-e4m3");
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < NT; i++) {
             const int n = tokens[i];
             const struct phases p = time_block(l, n, EXPERTS, s);
             /* Bytes the matmuls must read: tile words, expanded block scales, activations. */
