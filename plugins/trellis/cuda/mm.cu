@@ -280,14 +280,17 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
         }
 }
 
-/* One group size's kernel with its dynamic shared memory, which with the static part passes
- * the default 48 KB at 64 tokens. */
+/* One group size's kernel with its dynamic shared memory. With the static part it passes the
+ * default 48 KB at 64 tokens, which needs the attribute; the GEMV's stays under 36 KB, so the
+ * decode step makes no extra host call. */
 template <int K, bool FP4, int NG>
 static cudaError_t launch_ng(const mm_params &p, dim3 grid, cudaStream_t stream) {
     const size_t smem = x_smem(8 * NG);
-    const cudaError_t e = cudaFuncSetAttribute(
-        mm_kernel<K, FP4, NG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
+    if (NG > 1) {
+        const cudaError_t e = cudaFuncSetAttribute(
+            mm_kernel<K, FP4, NG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+    }
     mm_kernel<K, FP4, NG><<<grid, MM_WARPS * 32, smem, stream>>>(p);
     return cudaGetLastError();
 }
