@@ -17,8 +17,10 @@
  * an SM (gate and up of 8 experts at 4096 rows are 1024 CTAs: one wave on 132 SMs). The
  * grouped GEMM (NG = 8, 64 tokens) stages a chunk's activations in one buffer between two
  * barriers, its loads in batches (a chunk ahead they would not fit its registers), and is held
- * to 128 registers for 4 CTAs an SM. A group of 128 tokens, decoding each tile half as often,
- * ran slower: 2 CTAs an SM hid the staging's loads worse (docs/perf/h200-codec.md). */
+ * to 128 registers for 4 CTAs an SM. A group of 128 tokens in one warp's accumulators,
+ * decoding each tile half as often, ran slower: 2 CTAs an SM hid the staging's loads worse.
+ * The wide GEMM (mm_wide_kernel, below) gets there another way, two warps sharing each
+ * decoded tile through shared memory (docs/perf/h200-codec.md). */
 #include "decode.cuh"
 #include "mm.cuh"
 #include "trellis_cuda.h"
@@ -49,14 +51,16 @@ __device__ __forceinline__ bool group_of(const mm_params &p, int gi, int cap, mm
     return true;
 }
 
-/* Starts copying a lane's K uint4 of a chunk of `tiles` tiles (8K words each) from src to
- * dst (shared memory), zeros past its end, as one cp.async group. */
-template <int K>
+/* Starts copying a lane's part of a chunk of `tiles` tiles (8K words each) from src to dst
+ * (shared memory, room for CAP tiles), zeros past its end, as one cp.async group. */
+template <int K, int CAP = MM_CHUNK>
 __device__ __forceinline__ void load_chunk(uint4 *dst, const uint4 *src, int tiles, int lane) {
-    const int n = tiles * 2 * K; /* uint4 in the chunk: tiles * 8K words / 4 */
+    constexpr int room = CAP * 2 * K; /* uint4 of dst */
+    const int n = tiles * 2 * K;      /* uint4 in the chunk: tiles * 8K words / 4 */
 #pragma unroll
-    for (int i = 0; i < K; i++) {
+    for (int i = 0; i < (room + 31) / 32; i++) {
         const int at = i * 32 + lane;
+        if (room % 32 && at >= room) break;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
                          (uint32_t)__cvta_generic_to_shared(dst + at)),
                      "l"(src + (at < n ? at : 0)), "r"(at < n ? 16 : 0)
@@ -86,9 +90,20 @@ __device__ __forceinline__ __half2 scale_h2(const uint32_t (&h)[SH], int b) {
     return b & 1 ? __high2half2(v) : __low2half2(v);
 }
 
-/* Stages token row xs (f16, [step of 32 inputs][q][tile of the step][b0, b1]) for tile u of
- * a chunk from the tile's 16 kappa bytes v; law e2m1 multiplies them by their block scale xb. */
-template <bool FP4>
+/* Where the B fragments of lanes with q = lane % 4 for step st (32 inputs, two tiles) begin
+ * in a staged token row: 16 words a step, [q][tile of the step][b0, b1]. ROT rotates the four
+ * q's of a step by st / 2: the 16 lanes of a half-warp's 8-byte stores (a token's tiles) then
+ * fall into all 32 banks instead of 8. The wide GEMM gains 12% by it; mm_kernel's groups do
+ * not rotate: they lost 9% at 16 tokens to the extra address arithmetic and gained 1% at 256
+ * (docs/perf/h200-codec.md, "The wide GEMM"). */
+template <bool ROT>
+__device__ __forceinline__ int x_word(int st, int q) {
+    return st * 16 + (ROT ? q ^ (st >> 1 & 3) : q) * 4;
+}
+
+/* Stages token row xs (f16, x_word's layout) for tile u of a chunk from the tile's 16 kappa
+ * bytes v; law e2m1 multiplies them by their block scale xb. */
+template <bool FP4, bool ROT = false>
 __device__ __forceinline__ void stage_tile(uint32_t *xs, int u, uint4 v, float xb) {
     const uint4 n = lambda_words(v);
     const uint32_t w[4] = {n.x, n.y, n.z, n.w};
@@ -101,7 +116,8 @@ __device__ __forceinline__ void stage_tile(uint32_t *xs, int u, uint4 v, float x
             b0 = h2_mul(b0, s);
             b1 = h2_mul(b1, s);
         }
-        *reinterpret_cast<uint2 *>(&xs[(u >> 1) * 16 + i * 4 + (u & 1) * 2]) = make_uint2(b0, b1);
+        *reinterpret_cast<uint2 *>(&xs[x_word<ROT>(u >> 1, i) + (u & 1) * 2]) =
+            make_uint2(b0, b1);
     }
 }
 
@@ -280,6 +296,161 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
         }
 }
 
+/* The wide GEMM (groups of up to MM_GROUP_WIDE tokens): a CTA computes WIDE_STRIPS strips
+ * of 16 rows for the whole group and decodes each of their tiles once. Two warps share a
+ * strip: each decodes half of the strip's tiles of a chunk into shared memory, already times
+ * their block scales, and after the barrier multiplies all of the chunk's tiles by its half of
+ * the tokens (8 NG, its accumulators), so a tile's decode is spent on 128 tokens where
+ * mm_kernel's groups spend it on 64. Chunks are WIDE_CHUNK tiles so that the staged
+ * activations fit beside the A fragments at two CTAs an SM. Groups of 256 (NG = 16) were
+ * slower: at 128 registers ptxas runs each column's load and two MMAs in turn. */
+#define WIDE_STRIPS 4
+#define WIDE_CHUNK 8                       /* tiles of a strip a chunk: 128 inputs */
+#define WIDE_HT (WIDE_CHUNK / 2)           /* tiles a warp decodes a chunk */
+#define WIDE_NG (MM_GROUP_WIDE / 16)       /* MMA columns of 8 tokens a warp */
+#define WIDE_THREADS (WIDE_STRIPS * 2 * 32)
+#define WIDE_STRIDE (WIDE_CHUNK * 8 + 16)  /* words per staged token row, banks as X16_STRIDE */
+
+/* acc[j] += A B_j over the 32 inputs of a step (tiles a0, a1) for N columns of 8 tokens, B_j
+ * the lane's fragments at x + 8 j stride. The N loads go first and each tile's N MMAs after,
+ * so that no MMA waits for the one before it (same accumulator) or a load for an MMA to free
+ * its registers. */
+template <int N>
+__device__ __forceinline__ void mma_step(float (*acc)[4], const uint32_t a0[4],
+                                         const uint32_t a1[4], const uint32_t *x, int stride) {
+    uint4 b[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) b[j] = *reinterpret_cast<const uint4 *>(x + 8 * j * stride);
+#pragma unroll
+    for (int j = 0; j < N; j++) mma_f16(acc[j], a0, b[j].x, b[j].y);
+#pragma unroll
+    for (int j = 0; j < N; j++) mma_f16(acc[j], a1, b[j].z, b[j].w);
+}
+
+template <int K, bool FP4>
+__global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_params p) {
+    constexpr int NW = 8 * K, NG = WIDE_NG, GT = MM_GROUP_WIDE, BLOCK = FP4 ? 16 : 32;
+    constexpr int PER = GT * WIDE_CHUNK / WIDE_THREADS, BATCH = 2; /* token tiles a thread */
+    __shared__ uint4 w_s[2][2 * WIDE_STRIPS][WIDE_HT * NW / 4]; /* [chunk % 2][warp][tile][8K] */
+    __shared__ uint4 a_s[WIDE_STRIPS][WIDE_CHUNK][32];          /* [strip][tile][lane] A */
+    extern __shared__ __align__(16) uint32_t x_dyn[];           /* [GT][WIDE_STRIDE] f16x2 */
+    uint32_t(*x_s)[WIDE_STRIDE] = reinterpret_cast<uint32_t(*)[WIDE_STRIDE]>(x_dyn);
+    __shared__ uint8_t lut_s[FP4 ? TRELLIS_LUT : 1];
+    __shared__ int row_s[GT];
+
+    mm_group grp;
+    if (!group_of(p, blockIdx.y, GT, grp)) return;
+    const int z = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, q = lane & 3, ws = warp % WIDE_STRIPS, half = warp / WIDE_STRIPS;
+    const int strip = blockIdx.x * WIDE_STRIPS + ws, tiles_c = p.cols / 16;
+    for (int t = threadIdx.x; t < GT; t += blockDim.x)
+        row_s[t] = t >= grp.count ? -1
+                   : p.act_row ? p.act_row[grp.first + t] : grp.first + t;
+    if (FP4)
+        for (int i = threadIdx.x; i < TRELLIS_LUT; i += blockDim.x)
+            lut_s[i] = (uint8_t)(e4m3x2_to_f16x2(p.lut[i]) >> 8);
+    for (int i = threadIdx.x; i < GT * WIDE_STRIDE; i += blockDim.x) x_dyn[i] = 0u;
+
+    /* The warp's tiles of chunk c: WIDE_HT from tile WIDE_CHUNK c + WIDE_HT half of its strip
+     * (cols is a multiple of 128, so every chunk is whole), and their block scales. */
+    const uint4 *wsrc = reinterpret_cast<const uint4 *>(
+        p.words[z] + (((size_t)grp.expert * (p.rows / 16) + strip) * tiles_c + WIDE_HT * half) *
+                         NW);
+    const int spr = p.cols / BLOCK;
+    const uint8_t *sc0 = p.scales[z] + ((size_t)grp.expert * p.rows + 16 * strip + g) * spr +
+                         WIDE_HT * 16 / BLOCK * half;
+    const uint8_t *sc1 = sc0 + 8 * spr;
+    auto scales_of = [&](const uint8_t *sc, int c, uint32_t (&h)[2]) {
+        const uint8_t *b = sc + c * (WIDE_CHUNK * 16 / BLOCK);
+        const uint32_t v = FP4 ? *reinterpret_cast<const uint32_t *>(b)
+                               : *reinterpret_cast<const uint16_t *>(b);
+        e4m3x4_to_f16x2(v, h[0], h[1]);
+    };
+    const lane_window lw = lane_window_of<K>(lane);
+    uint32_t sum[2];
+    sum_bytes(sum, lane);
+    const int n_chunks = tiles_c / WIDE_CHUNK;
+    float acc[NG][4] = {};
+    load_chunk<K, WIDE_HT>(w_s[0][warp], wsrc, WIDE_HT, lane);
+    __syncthreads(); /* row_s, lut_s, x_s */
+
+    for (int c = 0; c < n_chunks; c++) {
+        /* The chunk's activations, loads in batches as mm_kernel's groups. */
+#pragma unroll
+        for (int b = 0; b < PER; b += BATCH) {
+            uint4 v[BATCH];
+            float xb[BATCH];
+#pragma unroll
+            for (int j = 0; j < BATCH; j++) {
+                const int i = (b + j) * WIDE_THREADS + threadIdx.x;
+                const int r = row_s[i / WIDE_CHUNK], u = i % WIDE_CHUNK;
+                if (r < 0) continue;
+                v[j] = reinterpret_cast<const uint4 *>(p.x + (size_t)r * p.cols +
+                                                       c * (16 * WIDE_CHUNK))[u];
+                xb[j] = FP4 ? p.xb[(size_t)r * (p.cols / 16) + c * WIDE_CHUNK + u] : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < BATCH; j++) {
+                const int i = (b + j) * WIDE_THREADS + threadIdx.x;
+                if (row_s[i / WIDE_CHUNK] >= 0)
+                    stage_tile<FP4, true>(x_s[i / WIDE_CHUNK], i % WIDE_CHUNK, v[j], xb[j]);
+            }
+        }
+        uint32_t s0[2], s1[2];
+        scales_of(sc0, c, s0);
+        scales_of(sc1, c, s1);
+        if (c + 1 < n_chunks)
+            load_chunk<K, WIDE_HT>(w_s[(c + 1) & 1][warp],
+                                   wsrc + (size_t)(c + 1) * WIDE_CHUNK * NW / 4, WIDE_HT, lane);
+        else
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        wait_chunk();
+        __syncwarp();
+        const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[c & 1][warp]);
+#pragma unroll
+        for (int u = 0; u < WIDE_HT; u++) {
+            uint32_t a[4];
+            lane_operands<K, FP4>(tw + u * NW, lw, sum, lut_s, a);
+            const int b = FP4 ? u : u / 2; /* the tile's block among the warp's */
+            const __half2 w0 = scale_h2(s0, b), w1 = scale_h2(s1, b);
+            a_s[ws][WIDE_HT * half + u][lane] =
+                make_uint4(h2_mul(a[0], w0), h2_mul(a[1], w1), h2_mul(a[2], w0),
+                           h2_mul(a[3], w1));
+        }
+        __syncthreads(); /* the strip's A fragments and the activations */
+
+        const uint32_t *xq = x_s[8 * NG * half + g];
+#pragma unroll
+        for (int st = 0; st < WIDE_CHUNK / 2; st++) { /* 32 inputs: tiles 2st, 2st + 1 */
+            const uint4 a0 = a_s[ws][2 * st][lane], a1 = a_s[ws][2 * st + 1][lane];
+            const uint32_t f0[4] = {a0.x, a0.y, a0.z, a0.w}, f1[4] = {a1.x, a1.y, a1.z, a1.w};
+            /* Tokens the group lacks are staged as zeros: testing for them once per 32 keeps
+             * the branches (and the warp syncs after them) out of the MMA sequence. */
+#pragma unroll
+            for (int n = 0; n < NG; n += 4) {
+                if (8 * (NG * half + n) >= grp.count) break;
+                mma_step<4>(acc + n, f0, f1, xq + 8 * n * WIDE_STRIDE + x_word<true>(st, q),
+                            WIDE_STRIDE);
+            }
+        }
+        __syncthreads(); /* before the next chunk's staging and A fragments */
+    }
+
+    const float gs = p.g[z][grp.expert];
+    const int r0 = 16 * strip + g;
+#pragma unroll
+    for (int n = 0; n < NG; n++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int t = 8 * (NG * half + n) + 2 * q + i;
+            if (t >= grp.count) continue;
+            const float s = gs * p.xa[row_s[t]];
+            float *y = p.y[z] + (size_t)(grp.first + t) * p.rows;
+            y[r0] = acc[n][i] * s;
+            y[r0 + 8] = acc[n][2 + i] * s;
+        }
+}
+
 /* One group size's kernel with its dynamic shared memory. With the static part it passes the
  * default 48 KB at 64 tokens, which needs the attribute; the GEMV's stays under 36 KB, so the
  * decode step makes no extra host call. */
@@ -295,11 +466,25 @@ static cudaError_t launch_ng(const mm_params &p, dim3 grid, cudaStream_t stream)
     return cudaGetLastError();
 }
 
+/* The wide GEMM's staged activations, 40 KB, pass the 48 KB default with its 22-31 KB of
+ * static shared memory: it needs the attribute. */
+template <int K, bool FP4>
+static cudaError_t launch_wide(const mm_params &p, dim3 grid, cudaStream_t stream) {
+    static_assert(WIDE_STRIPS == MM_WARPS, "the grid has rows / 64 CTAs either way");
+    const size_t smem = (size_t)MM_GROUP_WIDE * WIDE_STRIDE * sizeof(uint32_t);
+    const cudaError_t e = cudaFuncSetAttribute(
+        mm_wide_kernel<K, FP4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    mm_wide_kernel<K, FP4><<<grid, WIDE_THREADS, smem, stream>>>(p);
+    return cudaGetLastError();
+}
+
 template <int K, bool FP4>
 static cudaError_t launch_k(int group, const mm_params &p, dim3 grid, cudaStream_t stream) {
     switch (group) {
     case MM_GROUP_SMALL: return launch_ng<K, FP4, MM_GROUP_SMALL / 8>(p, grid, stream);
     case MM_GROUP_LARGE: return launch_ng<K, FP4, MM_GROUP_LARGE / 8>(p, grid, stream);
+    case MM_GROUP_WIDE: return launch_wide<K, FP4>(p, grid, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -407,16 +592,26 @@ extern "C" int trellis_cuda_decode_tiles(int fp4, int K, const uint8_t *lut_host
     return failed(e, "decode", msg, size);
 }
 
+/* A decode step (at most 8 tokens, so at most 8 an expert) takes the GEMV; the wide GEMM from
+ * MM_WIDE_FROM tokens an expert on average: measured faster than the 64-token groups at 128
+ * tokens and above, slower at 64 and below (docs/perf/h200-codec.md, "The wide GEMM"). */
+extern "C" int trellis_cuda_group(int tokens, long pairs, int experts) {
+    if (tokens <= MM_GROUP_SMALL || pairs <= (long)MM_GROUP_SMALL * experts)
+        return MM_GROUP_SMALL;
+    return pairs < (long)MM_WIDE_FROM * experts ? MM_GROUP_LARGE : MM_GROUP_WIDE;
+}
+
 extern "C" int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uint32_t *words,
                                    const uint8_t *scales, const float *g, int n_experts,
                                    int rows, int cols, const uint8_t *x, const float *a,
-                                   const float *xb, int m, float *y, void *stream, char *msg,
-                                   size_t size) {
+                                   const float *xb, int m, int group, float *y, void *stream,
+                                   char *msg, size_t size) {
     if (rows % 128 || cols % 128 || m < 1 || n_experts < 1) {
         snprintf(msg, size, "matmul: [%d][%d] x %d tokens of %d experts", rows, cols, m,
                  n_experts);
         return 1;
     }
+    if (!group) group = trellis_cuda_group(m, (long)m * n_experts, n_experts);
     mm_params p = {};
     p.words[0] = words;
     p.scales[0] = scales;
@@ -429,7 +624,6 @@ extern "C" int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uin
     p.xa = a;
     p.xb = xb;
     p.lut = lut;
-    const int group = m <= MM_GROUP_SMALL ? MM_GROUP_SMALL : MM_GROUP_LARGE;
     return failed(trellis_mm_launch(fp4, K, group, p, 1, n_experts * ((m + group - 1) / group),
                                     static_cast<cudaStream_t>(stream)),
                   "matmul", msg, size);

@@ -10,7 +10,7 @@
 #define MM_CHUNK 16 /* tiles of a strip staged at a time: 256 inputs */
 
 /* One launch: y = Q x for the groups of tokens of one or two matrices (blockIdx.z: gate and
- * up share their inputs). A group is up to 8 * NG tokens of one expert (kernel template). */
+ * up share their inputs). A group is up to MM_GROUP_* tokens of one expert. */
 struct mm_params {
     const uint32_t *words[2]; /* [E][rows/16][cols/16][8K] */
     const uint8_t *scales[2]; /* [E][rows][cols/block] E4M3 */
@@ -29,9 +29,12 @@ struct mm_params {
     const uint8_t *lut;       /* law e2m1: [TRELLIS_LUT] */
 };
 
-/* Tokens per group for NG = 1 (GEMV: up to 8 tokens) and the grouped GEMM. */
+/* Tokens per group: the GEMV (mm_kernel, NG = 1), the grouped GEMM (NG = 8) and the wide
+ * GEMM (mm_wide_kernel, each tile decoded once for 128 tokens). */
 #define MM_GROUP_SMALL 8
 #define MM_GROUP_LARGE 64
+#define MM_GROUP_WIDE 128
+#define MM_WIDE_FROM 128 /* tokens an expert on average from which the wide GEMM runs */
 
 /* Queues y = Q x on `stream` for n_mats (1, 2) matrices and up to max_groups groups of
  * `group` (MM_GROUP_SMALL or _LARGE) tokens. */

@@ -556,10 +556,7 @@ extern "C" int trellis_cuda_moe(trellis_cuda_scratch **scratch, const trellis_cu
     if (n <= 0) return 0;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     const int E = l->n_experts, P = n * k;
-    /* Decode steps see at most 8 tokens an expert; wider steps use groups of 64 when the
-     * experts average more than 8 tokens. */
-    const int cap = n <= MM_GROUP_SMALL || P <= MM_GROUP_SMALL * E ? MM_GROUP_SMALL
-                                                                    : MM_GROUP_LARGE;
+    const int cap = trellis_cuda_group(n, P, E);
     const int G = P < P / cap + E ? P : P / cap + E;
     moe_buffers b;
     const size_t need = buffers_layout(l, n, P, G, NULL, &b);

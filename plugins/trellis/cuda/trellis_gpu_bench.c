@@ -261,7 +261,7 @@ static void acts_free(struct host_acts *h) {
 }
 
 /* Relative L2 error of the device's y[m][rows] against the CPU's, in double. */
-static double matmul_error(const struct host_matrix *hm, int m, cudaStream_t s) {
+static double matmul_error(const struct host_matrix *hm, int m, int group, cudaStream_t s) {
     struct tmx_trellis_law law;
     law_init(&law, hm->fp4);
     uint8_t lut[1024];
@@ -283,8 +283,8 @@ static double matmul_error(const struct host_matrix *hm, int m, cudaStream_t s) 
          *dl = dev_copy(lut, 1024), *dy;
     CK(cudaMalloc(&dy, (size_t)m * rows * 4));
     char msg[256];
-    if (trellis_cuda_matmul(hm->fp4, hm->K, dl, dw, ds, dg, 1, rows, cols, dx, da, dxb, m, dy, s,
-                            msg, sizeof msg)) {
+    if (trellis_cuda_matmul(hm->fp4, hm->K, dl, dw, ds, dg, 1, rows, cols, dx, da, dxb, m, group,
+                            dy, s, msg, sizeof msg)) {
         fprintf(stderr, "trellis-gpu-bench: %s\n", msg);
         exit(2);
     }
@@ -313,26 +313,30 @@ static double matmul_error(const struct host_matrix *hm, int m, cudaStream_t s) 
 static void check_matmul(cudaStream_t s) {
     jprintf("\"matmul\": {\"tolerance\": %g, \"cases\": [", MATMUL_TOL);
     tprintf("\nfused matmul vs CPU (double), relative L2 error, tolerance %g:\n", MATMUL_TOL);
-    static const int tokens[5] = {1, 8, 40, 67, 200}; /* every group size, several groups */
+    /* Every kernel: tokens, and the group (0: the expert block's pick), full and partial groups,
+     * several a matrix, and groups with whole warps of MMA columns left empty. */
+    enum { NC = 9 };
+    static const int tokens[NC] = {1, 8, 40, 67, 200, 40, 67, 200, 300};
+    static const int groups[NC] = {0, 0, 64, 64, 64, 128, 128, 128, 128};
     int first = 1;
     double worst = 0.0;
     for (int fp4 = 0; fp4 < 2; fp4++)
         for (int K = 1; K <= TMX_TRELLIS_K_MAX; K++) { /* K = 1: the encoded matrix at K = 3 */
             struct host_matrix hm = K == 1 ? encoded_matrix(fp4, 3, 128, 256)
                                            : random_matrix(fp4, K, 512, 1024);
-            for (int i = 0; i < 5; i++) {
-                const double err = matmul_error(&hm, tokens[i], s);
+            for (int i = 0; i < NC; i++) {
+                const double err = matmul_error(&hm, tokens[i], groups[i], s);
                 worst = err > worst ? err : worst;
                 failures += !(err <= MATMUL_TOL);
                 jprintf("%s{\"law\": \"%s\", \"K\": %d, \"data\": \"%s\", \"rows\": %d, "
-                        "\"cols\": %d, \"tokens\": %d, \"rel_err\": %.3e}",
+                        "\"cols\": %d, \"tokens\": %d, \"group\": %d, \"rel_err\": %.3e}",
                         first ? "" : ", ", law_name(fp4), hm.K, K == 1 ? "viterbi" : "random",
-                        hm.rows, hm.cols, tokens[i], err);
+                        hm.rows, hm.cols, tokens[i], groups[i], err);
                 first = 0;
                 if (K == 1 || K == 3)
-                    tprintf("  %s K%d %-7s %dx%d, %3d tokens: %.2e%s\n", law_name(fp4), hm.K,
-                            K == 1 ? "viterbi" : "random", hm.rows, hm.cols, tokens[i], err,
-                            err <= MATMUL_TOL ? "" : "  FAIL");
+                    tprintf("  %s K%d %-7s %dx%d, %3d tokens, group %3d: %.2e%s\n",
+                            law_name(fp4), hm.K, K == 1 ? "viterbi" : "random", hm.rows,
+                            hm.cols, tokens[i], groups[i], err, err <= MATMUL_TOL ? "" : "  FAIL");
             }
             free(hm.words);
             free(hm.scales);
@@ -342,21 +346,22 @@ static void check_matmul(cudaStream_t s) {
     for (int fp4 = 0; fp4 < 2; fp4++)
         for (int sh = 0; sh < 2; sh++) {
             struct host_matrix hm = random_matrix(fp4, 3, short_shape[sh][0], short_shape[sh][1]);
-            for (int i = 0; i < 5; i++) {
-                const double err = matmul_error(&hm, tokens[i], s);
+            for (int i = 0; i < NC; i++) {
+                const double err = matmul_error(&hm, tokens[i], groups[i], s);
                 worst = err > worst ? err : worst;
                 failures += !(err <= MATMUL_TOL);
                 jprintf(", {\"law\": \"%s\", \"K\": 3, \"data\": \"random\", \"rows\": %d, "
-                        "\"cols\": %d, \"tokens\": %d, \"rel_err\": %.3e}",
-                        law_name(fp4), hm.rows, hm.cols, tokens[i], err);
-                tprintf("  %s K3 random  %dx%d, %3d tokens: %.2e%s\n", law_name(fp4), hm.rows,
-                        hm.cols, tokens[i], err, err <= MATMUL_TOL ? "" : "  FAIL");
+                        "\"cols\": %d, \"tokens\": %d, \"group\": %d, \"rel_err\": %.3e}",
+                        law_name(fp4), hm.rows, hm.cols, tokens[i], groups[i], err);
+                tprintf("  %s K3 random  %dx%d, %3d tokens, group %3d: %.2e%s\n",
+                        law_name(fp4), hm.rows, hm.cols, tokens[i], groups[i], err,
+                        err <= MATMUL_TOL ? "" : "  FAIL");
             }
             free(hm.words);
             free(hm.scales);
         }
     jprintf("], \"worst\": %.3e},\n", worst);
-    tprintf("  worst over both laws, K = 2..6, 1/8/40/67/200 tokens: %.2e\n", worst);
+    tprintf("  worst over both laws, K = 2..6, every case: %.2e\n", worst);
 }
 
 /* --- 4. the expert block: device path against the host path --------------------------------- */
@@ -471,15 +476,16 @@ static void check_block(cudaStream_t s) {
     jprintf("\"expert_block\": {\"tolerance\": %g, \"cases\": [", BLOCK_TOL);
     tprintf("\ndevice_moe_experts vs host moe_experts (16 experts, latent 512, inter 1024, "
             "top 4), relative L2 error, tolerance %g:\n", BLOCK_TOL);
-    /* 300 tokens: 75 pairs an expert, two groups of each expert */
-    static const int tokens[4] = {1, 3, 40, 300}, norms[4] = {0, 1, 2, 1};
+    /* 300 tokens: 75 pairs an expert, two groups of each expert; 600: 150, the wide GEMM */
+    enum { NB = 5 };
+    static const int tokens[NB] = {1, 3, 40, 300, 600}, norms[NB] = {0, 1, 2, 1, 2};
     static const char *const norm_name[3] = {"none", "F32", "BF16"};
     for (int fp4 = 0; fp4 < 2; fp4++) {
         struct host_layer *h = xmalloc(sizeof *h);
         const int K = fp4 ? 4 : 3;
         layer_make(h, fp4, K, 16, 512, 1024);
         tprintf("  %s K%d:", fp4 ? "trellis-fp4" : "trellis-e4m3", K);
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < NB; i++) {
             const double err = block_error(fp4, h, tokens[i], 4, norms[i], s);
             failures += !(err <= BLOCK_TOL);
             jprintf("%s{\"codec\": \"%s\", \"K\": %d, \"tokens\": %d, \"post_norm\": \"%s\", "
@@ -669,7 +675,7 @@ static void sweep_k(const uint32_t *words, const uint8_t *scales, double copy_gb
             for (int rep = -3; rep < REPS; rep++) {
                 if (rep == 0) CK(cudaEventRecord(e0, s));
                 if (trellis_cuda_matmul(fp4, K, dl, dw, ds, dg, EXPERTS, SIDE, SIDE, dx, da, dxb,
-                                        1, dy, s, msg, sizeof msg)) {
+                                        1, 0, dy, s, msg, sizeof msg)) {
                     fprintf(stderr, "trellis-gpu-bench: %s\n", msg);
                     exit(2);
                 }
@@ -695,8 +701,78 @@ static void sweep_k(const uint32_t *words, const uint8_t *scales, double copy_gb
     free(x);
 }
 
-/* --sweep: the matmul alone at every K, nothing else. */
-static void sweep(double copy_gbs, cudaStream_t s) {
+/* The matmul alone at K = 3 for each grouped kernel: 8 experts' [SIDE][SIDE] matrices (the
+ * first 8 of `words`), m tokens each; what the expert block's choice of group rests on. */
+static void time_groups(const uint32_t *words, const uint8_t *scales, cudaStream_t s) {
+    enum { NM = 6, NG = 2, MMAX = 512 };
+    static const int tokens[NM] = {16, 32, 64, 128, 256, MMAX}, groups[NG] = {64, 128};
+    const int K = 3;
+    const size_t mat = (size_t)SIDE * SIDE, n = (size_t)EXPERTS * MMAX;
+    void *dw = dev_copy(words, mat / 256 * 8 * K * 4 * EXPERTS),
+         *ds = dev_copy(scales, mat / 16 * EXPERTS);
+    float g[EXPERTS], *a = xmalloc(n * 4), *xb = xmalloc(n * SIDE / 16 * 4);
+    uint8_t *x = xmalloc(n * SIDE);
+    for (int e = 0; e < EXPERTS; e++) g[e] = 1.0f / 64.0f;
+    for (size_t i = 0; i < n; i++) a[i] = 1.0f / 64.0f;
+    for (size_t i = 0; i < n * SIDE; i++) x[i] = (uint8_t)(0x30 + rnd() % 16);
+    for (size_t i = 0; i < n * SIDE / 16; i++) xb[i] = 1.0f;
+    void *dg = dev_copy(g, sizeof g), *da = dev_copy(a, n * 4), *dx = dev_copy(x, n * SIDE),
+         *dxb = dev_copy(xb, n * SIDE / 16 * 4), *dl, *dy;
+    CK(cudaMalloc(&dl, 1024));
+    CK(cudaMalloc(&dy, n * SIDE * 4));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    jprintf(", \"matmul_groups\": {\"K\": 3, \"tokens_per_expert\": [");
+    for (int i = 0; i < NM; i++) jprintf("%s%d", i ? ", " : "", tokens[i]);
+    jprintf("], \"groups\": [64, 128], \"ms\": {");
+    tprintf("\nmatmul alone by group size, 8 experts x [%d][%d], K = 3: ms (group of the expert "
+            "block: *)\n  %-6s %6s %9s %9s\n", SIDE, SIDE, "law", "tokens", "64", "128");
+    for (int fp4 = 0; fp4 < 2; fp4++) {
+        struct tmx_trellis_law law;
+        law_init(&law, fp4);
+        uint8_t lut[1024];
+        law_lut(&law, lut);
+        CK(cudaMemcpy(dl, lut, 1024, cudaMemcpyHostToDevice));
+        jprintf("%s\"%s\": [", fp4 ? ", " : "", law_name(fp4));
+        for (int i = 0; i < NM; i++) {
+            const int m = tokens[i];
+            const int pick = trellis_cuda_group(m, (long)m * EXPERTS, EXPERTS);
+            jprintf("%s[", i ? ", " : "");
+            tprintf("  %-6s %6d", law_name(fp4), m);
+            for (int j = 0; j < NG; j++) {
+                char msg[256];
+                for (int rep = -3; rep < REPS; rep++) {
+                    if (rep == 0) CK(cudaEventRecord(e0, s));
+                    if (trellis_cuda_matmul(fp4, K, dl, dw, ds, dg, EXPERTS, SIDE, SIDE, dx, da,
+                                            dxb, m, groups[j], dy, s, msg, sizeof msg)) {
+                        fprintf(stderr, "trellis-gpu-bench: %s\n", msg);
+                        exit(2);
+                    }
+                }
+                CK(cudaEventRecord(e1, s));
+                CK(cudaEventSynchronize(e1));
+                const double ms = elapsed(e0, e1) / REPS;
+                jprintf("%s%.4f", j ? ", " : "", ms);
+                tprintf(" %8.4f%s", ms, groups[j] == pick ? "*" : " ");
+            }
+            jprintf("]");
+            tprintf("\n");
+        }
+        jprintf("]");
+    }
+    jprintf("}}");
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    void *bufs[] = {dw, ds, dg, da, dx, dxb, dl, dy};
+    for (int i = 0; i < 8; i++) CK(cudaFree(bufs[i]));
+    free(a);
+    free(xb);
+    free(x);
+}
+
+/* --sweep: the matmul alone at every K, nothing else; --groups: by group size at K = 3. */
+static void sweep(int groups, double copy_gbs, cudaStream_t s) {
     const size_t n = (size_t)SIDE * SIDE / 256 * 48 * EXPERTS; /* words of K = 6 */
     uint32_t *words = xmalloc(n * 4);
     uint8_t *scales = xmalloc((size_t)SIDE * SIDE / 16 * EXPERTS);
@@ -704,7 +780,10 @@ static void sweep(double copy_gbs, cudaStream_t s) {
     for (size_t i = 0; i < (size_t)SIDE * SIDE / 16 * EXPERTS; i++)
         scales[i] = (uint8_t)(0x30 + rnd() % 16);
     jprintf("\"sweep_only\": true");
-    sweep_k(words, scales, copy_gbs, s);
+    if (groups)
+        time_groups(words, scales, s);
+    else
+        sweep_k(words, scales, copy_gbs, s);
     free(words);
     free(scales);
 }
@@ -817,6 +896,7 @@ static void timing(cudaStream_t s, double copy_gbs) {
             lt_ms[0][0] > 0 ? 3 * EXPERTS * mat * 2 / (lt_ms[0][0] * 1e-3) / 1e9 : 0.0,
             lt_ms[1][0] > 0 ? 3 * EXPERTS * mat / (lt_ms[1][0] * 1e-3) / 1e9 : 0.0);
     sweep_k(words, scales, copy_gbs, s);
+    time_groups(words, scales, s);
     jprintf("}\n");
     cublasLtDestroy(lt);
     void *bufs[] = {wb, wf, xb, xf, d, ws};
@@ -827,10 +907,11 @@ static void timing(cudaStream_t s, double copy_gbs) {
 
 int main(int argc, char **argv) {
     const char *mode = argc == 3 ? argv[1] : "";
-    const int sweep_only = strcmp(mode, "--sweep") == 0;
+    const int groups_only = strcmp(mode, "--groups") == 0;
+    const int sweep_only = groups_only || strcmp(mode, "--sweep") == 0;
     const int checks_only = strcmp(mode, "--checks") == 0;
     if (argc != 2 + (sweep_only || checks_only)) {
-        fprintf(stderr, "usage: trellis-gpu-bench [--sweep | --checks] OUT.json\n");
+        fprintf(stderr, "usage: trellis-gpu-bench [--sweep | --groups | --checks] OUT.json\n");
         return 2;
     }
     const char *out = argv[argc - 1];
@@ -848,7 +929,7 @@ int main(int argc, char **argv) {
     const double copy_gbs = copy_bandwidth(s);
     jprintf("\"copy_gbs\": %.1f,\n", copy_gbs);
     if (sweep_only) {
-        sweep(copy_gbs, s);
+        sweep(groups_only, copy_gbs, s);
     } else {
         check_decode(s);
         check_matmul(s);
