@@ -237,18 +237,16 @@ static enum tmx_status build_layers(const char *dir, const struct file_list *fl,
     return st;
 }
 
-/* hf_quant_config.json's "codec". */
+/* hf_quant_config.json's "codec", which a build must have. */
 static enum tmx_status read_codec(const char *dir, char **codec, char **err) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
-    json_error_t je;
-    json_t *q = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!q) return tmx_err(err, TMX_ERR_INVALID, "%s: %s", path, je.text);
-    const char *c = json_string_value(json_object_get(q, "codec"));
-    enum tmx_status st = c ? TMX_OK : tmx_err(err, TMX_ERR_INVALID, "%s: \"codec\" must be a "
-                                              "string", path);
-    if (st == TMX_OK && !(*codec = strdup(c))) st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
-    json_decref(q);
+    struct tmx_quant_config q;
+    enum tmx_status st = tmx_quant_config_load(dir, &q, err);
+    if (st == TMX_OK && !q.present)
+        st = tmx_err(err, TMX_ERR_INVALID, "%s: missing (a TrellisMX build has one)", q.path);
+    if (st == TMX_OK && !*q.codec)
+        st = tmx_err(err, TMX_ERR_INVALID, "%s: \"codec\" must be a string", q.path);
+    if (st == TMX_OK && !(*codec = strdup(q.codec)))
+        st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     return st;
 }
 

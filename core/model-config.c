@@ -1,7 +1,9 @@
-/* model-config.c: config.json -> struct tmx_model_config, with docs/model.md's defaults. */
+/* model-config.c: config.json -> struct tmx_model_config, with docs/model.md's defaults, and
+ * the core's members of hf_quant_config.json -> struct tmx_quant_config. */
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tmx/model.h"
 
@@ -289,4 +291,49 @@ enum tmx_status tmx_model_config_load(const char *dir, struct tmx_model_config *
                              : tmx_err(err, TMX_ERR_INVALID, "%s: not a JSON object", path);
     json_decref(root);
     return st == TMX_OK ? parse_generation_config(dir, cfg, err) : st;
+}
+
+/* A string member into buf[size]; absent leaves buf alone. */
+static enum tmx_status get_name(json_t *o, const char *key, char *buf, size_t size,
+                                const char *path, char **err) {
+    const char *v = NULL;
+    enum tmx_status st = get_str(o, key, &v, path, err);
+    if (st != TMX_OK || !v) return st;
+    if (strlen(v) >= size)
+        return tmx_err(err, TMX_ERR_INVALID, "%s: field \"%s\" must be shorter than %zu bytes",
+                       path, key, size);
+    snprintf(buf, size, "%s", v);
+    return TMX_OK;
+}
+
+enum tmx_status tmx_quant_config_load(const char *dir, struct tmx_quant_config *q, char **err) {
+    memset(q, 0, sizeof *q);
+    snprintf(q->path, sizeof q->path, "%s/hf_quant_config.json", dir);
+    if (access(q->path, F_OK) != 0) return TMX_OK;
+    json_error_t jerr;
+    json_t *root = json_load_file(q->path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return tmx_err(err, TMX_ERR_INVALID, "%s:%d:%d: %s", q->path, jerr.line, jerr.column,
+                       jerr.text);
+    enum tmx_status st = json_is_object(root)
+                             ? TMX_OK
+                             : tmx_err(err, TMX_ERR_INVALID, "%s: not a JSON object", q->path);
+    if (st == TMX_OK)
+        st = get_name(root, "quant_method", q->quant_method, sizeof q->quant_method, q->path,
+                      err);
+    if (st == TMX_OK) st = get_name(root, "codec", q->codec, sizeof q->codec, q->path, err);
+    if (st == TMX_OK) st = get_int(root, "bits", 0, &q->bits, q->path, err);
+    if (st == TMX_OK) st = get_int(root, "block_size", 0, &q->block_size, q->path, err);
+    if (st == TMX_OK)
+        st = get_int(root, "experts_per_file", 0, &q->experts_per_file, q->path, err);
+    json_t *mx = json_object_get(root, "mxfp8_tensors");
+    if (st == TMX_OK && mx && !json_is_null(mx) && !json_is_array(mx))
+        st = tmx_err(err, TMX_ERR_INVALID, "%s: field \"mxfp8_tensors\" must be an array",
+                     q->path);
+    if (st == TMX_OK) {
+        q->mxfp8 = json_array_size(mx) > 0;
+        q->present = 1;
+    }
+    json_decref(root);
+    return st;
 }

@@ -5,7 +5,6 @@
  * checkpoint is a tmx pack, tmx/pack.h). A rank of a tensor-parallel model binds its slice of
  * each split weight (docs/tp.md): row slices are views of the mmapped tensor, column slices
  * copies the model owns. The KV cache, sequences and the forward step are in forward.c. */
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -293,19 +292,11 @@ static enum tmx_status upload_freqs(struct tmx_model *m, double theta, float **d
  * experts are dense tensors. */
 static enum tmx_status open_codec(struct tmx_model *m, const char *dir, struct tmx_plugins *ps,
                                   char **err) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return TMX_OK;
-    json_error_t jerr;
-    json_t *q = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
-    fclose(f);
-    if (!q) return tmx_err(err, TMX_ERR_INVALID, "%s:%d:%d: %s", path, jerr.line, jerr.column,
-                           jerr.text);
-    const char *method = json_string_value(json_object_get(q, "quant_method"));
-    const char *name = json_string_value(json_object_get(q, "codec"));
-    enum tmx_status st = TMX_OK;
-    if (!method || !name)
+    struct tmx_quant_config q;
+    enum tmx_status st = tmx_quant_config_load(dir, &q, err);
+    if (st != TMX_OK || !q.present) return st;
+    const char *path = q.path, *method = q.quant_method, *name = q.codec;
+    if (!*method || !*name)
         st = tmx_err(err, TMX_ERR_INVALID, "%s: fields \"quant_method\" and \"codec\" must be "
                      "strings", path);
     if (st == TMX_OK) st = tmx_plugins_load(ps, TMX_PLUGIN_CODEC, name, &m->codec, err);
@@ -327,7 +318,6 @@ static enum tmx_status open_codec(struct tmx_model *m, const char *dir, struct t
         if (st != TMX_OK) m->codec_ops->fini(m->codec_ctx); /* safe after a failed init */
     }
     if (st != TMX_OK) m->codec = NULL;
-    json_decref(q);
     return st;
 }
 

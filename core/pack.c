@@ -161,29 +161,22 @@ static enum tmx_status read_geom(const char *dir, int tp, struct tmx_model_confi
                                  struct geom *g, char **err) {
     enum tmx_status st = tmx_model_config_load(dir, mc, err);
     if (st != TMX_OK) return st;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
-    json_error_t je;
-    json_t *q = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!q) return tmx_err(err, TMX_ERR_INVALID, "%s: %s", path, je.text);
-    const char *codec = json_string_value(json_object_get(q, "codec"));
-    const json_int_t bits = json_integer_value(json_object_get(q, "bits"));
-    const json_int_t block = json_integer_value(json_object_get(q, "block_size"));
-    if (!codec || strlen(codec) >= sizeof g->codec || bits < 2 || bits > 6 ||
-        (block != 16 && block != 32))
+    struct tmx_quant_config q;
+    if ((st = tmx_quant_config_load(dir, &q, err)) != TMX_OK) return st;
+    if (!q.present || !*q.codec || q.bits < 2 || q.bits > 6 ||
+        (q.block_size != 16 && q.block_size != 32))
         st = tmx_err(err, TMX_ERR_INVALID, "%s: not a TrellisMX hf_quant_config.json (\"codec\", "
-                     "\"bits\" 2..6 and \"block_size\" 16 or 32 are needed)", path);
+                     "\"bits\" 2..6 and \"block_size\" 16 or 32 are needed)", q.path);
     if (st == TMX_OK) {
         *g = (struct geom){.inter = mc->moe_intermediate_size, .latent = mc->moe_latent_size,
-                           .part = mc->moe_intermediate_size / tp, .words = 8 * (int)bits,
-                           .block = (int)block};
-        snprintf(g->codec, sizeof g->codec, "%s", codec);
+                           .part = mc->moe_intermediate_size / tp, .words = 8 * q.bits,
+                           .block = q.block_size};
+        snprintf(g->codec, sizeof g->codec, "%s", q.codec);
         if (g->inter <= 0 || g->inter % (tp * TMX_TRELLIS_HADAMARD))
             st = tmx_err(err, TMX_ERR_INVALID, "%s/config.json: moe_intermediate_size = %lld does "
                          "not split into tp = %d slices of whole 128-wide Hadamard blocks", dir,
                          (long long)g->inter, tp);
     }
-    json_decref(q);
     return st;
 }
 

@@ -9,7 +9,6 @@
  * one byte per block, the correction bias becomes F32. */
 #include <dirent.h>
 #include <errno.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,46 +84,31 @@ enum tmx_status tmx_plan_parse_gpus(const char *s, int *n, uint64_t *bytes, char
 
 /* hf_quant_config.json's fields the plan needs; codec "bf16" when there is none. */
 struct quant {
-    char codec[16];
+    char codec[64];
     int bits, block, per_file, mxfp8;
 };
 
 static enum tmx_status quant_load(const char *dir, struct quant *q, char **err) {
     *q = (struct quant){.codec = "bf16", .per_file = 32};
-    char path[4096];
-    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return TMX_OK;
-    fclose(f);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    if (!root)
-        return tmx_err(err, TMX_ERR_INVALID, "%s:%d: %s", path, jerr.line, jerr.text);
-    const char *codec = json_string_value(json_object_get(root, "codec"));
-    json_t *bits = json_object_get(root, "bits"), *block = json_object_get(root, "block_size");
-    json_t *per = json_object_get(root, "experts_per_file");
-    json_t *mx = json_object_get(root, "mxfp8_tensors");
-    enum tmx_status st = TMX_OK;
-    if (!codec || (strcmp(codec, "trellis-e4m3") && strcmp(codec, "trellis-fp4")))
-        st = tmx_err(err, TMX_ERR_UNSUPPORTED, "%s: field \"codec\" must be trellis-e4m3 or "
-                     "trellis-fp4 (the plan knows the TrellisMX layout only)", path);
-    else if (!json_is_integer(bits) || json_integer_value(bits) < 2 ||
-             json_integer_value(bits) > 6)
-        st = tmx_err(err, TMX_ERR_INVALID, "%s: field \"bits\" must be 2..6", path);
-    else if (!json_is_integer(block) ||
-             json_integer_value(block) != (strcmp(codec, "trellis-fp4") ? 32 : 16))
-        st = tmx_err(err, TMX_ERR_INVALID, "%s: field \"block_size\" must be %d for %s", path,
-                     strcmp(codec, "trellis-fp4") ? 32 : 16, codec);
-    if (st == TMX_OK) {
-        snprintf(q->codec, sizeof q->codec, "%s", codec);
-        q->bits = (int)json_integer_value(bits);
-        q->block = (int)json_integer_value(block);
-        if (json_is_integer(per) && json_integer_value(per) > 0)
-            q->per_file = (int)json_integer_value(per);
-        q->mxfp8 = json_is_array(mx) && json_array_size(mx) > 0;
-    }
-    json_decref(root);
-    return st;
+    struct tmx_quant_config qc;
+    enum tmx_status st = tmx_quant_config_load(dir, &qc, err);
+    if (st != TMX_OK || !qc.present) return st;
+    const char *path = qc.path, *codec = qc.codec;
+    const int block = strcmp(codec, "trellis-fp4") ? 32 : 16;
+    if (strcmp(codec, "trellis-e4m3") && strcmp(codec, "trellis-fp4"))
+        return tmx_err(err, TMX_ERR_UNSUPPORTED, "%s: field \"codec\" must be trellis-e4m3 or "
+                       "trellis-fp4 (the plan knows the TrellisMX layout only)", path);
+    if (qc.bits < 2 || qc.bits > 6)
+        return tmx_err(err, TMX_ERR_INVALID, "%s: field \"bits\" must be 2..6", path);
+    if (qc.block_size != block)
+        return tmx_err(err, TMX_ERR_INVALID, "%s: field \"block_size\" must be %d for %s", path,
+                       block, codec);
+    snprintf(q->codec, sizeof q->codec, "%s", codec);
+    q->bits = qc.bits;
+    q->block = qc.block_size;
+    if (qc.experts_per_file > 0) q->per_file = qc.experts_per_file;
+    q->mxfp8 = qc.mxfp8;
+    return TMX_OK;
 }
 
 /* A virtual model's codec: --experts/--bits over the quant config. */

@@ -1,7 +1,7 @@
 /* inspect.c: `tmx inspect` — what a checkpoint holds and what tmx needs to run it, without
  * loading any weight. */
-#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -85,13 +85,16 @@ static void print_plugins(const char *dir, const struct tmx_config *cfg,
                           const struct tmx_plugins *ps) {
     printf("plugins needed:\n  kernels.%s    (config key \"kernels\")\n",
            tmx_config_str(cfg, "kernels"));
-    char path[4096];
-    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
-    json_t *q = json_load_file(path, 0, NULL);
-    const char *method = q ? json_string_value(json_object_get(q, "quant_method")) : NULL;
-    if (method) printf("  codec for quant_method \"%s\" (%s)\n", method, path);
-    else printf("  no codec (no hf_quant_config.json: dense weights)\n");
-    json_decref(q);
+    struct tmx_quant_config q;
+    char *err = NULL;
+    if (tmx_quant_config_load(dir, &q, &err) != TMX_OK)
+        printf("  codec unknown: %s\n", err);
+    else if (!q.present)
+        printf("  no codec (no hf_quant_config.json: dense weights)\n");
+    else
+        printf("  codec.%s for quant_method \"%s\" (%s)\n", *q.codec ? q.codec : "?",
+               q.quant_method, q.path);
+    free(err);
     printf("plugins loaded:\n");
     for (size_t i = 0; i < tmx_plugins_count(ps); i++) {
         const char *file;

@@ -50,6 +50,22 @@ struct tmx_model_config {
 /* Parses DIR/config.json; every error names the file and the field. */
 enum tmx_status tmx_model_config_load(const char *dir, struct tmx_model_config *cfg, char **err);
 
+/* hf_quant_config.json, the members the core reads (the codec checks its own): one reader for
+ * the model loader, tmx plan, tmx pack, the manifest and tmx inspect. */
+struct tmx_quant_config {
+    int present;                        /* 0: no file (dense experts); the rest is empty */
+    char path[4096];                    /* the file, for the caller's messages */
+    char quant_method[64], codec[64];   /* "" when absent */
+    int bits, block_size;               /* 0 when absent */
+    int experts_per_file;               /* 0 when absent */
+    int mxfp8;                          /* "mxfp8_tensors" names at least one tensor */
+};
+
+/* Reads DIR/hf_quant_config.json into *q; a missing file is not an error (q->present = 0). A
+ * file that is not one JSON object without duplicate keys, or a member above of the wrong
+ * type, is, in one line naming the file and the member. */
+enum tmx_status tmx_quant_config_load(const char *dir, struct tmx_quant_config *q, char **err);
+
 struct tmx_model;
 
 /* Binds every tensor docs/model.md lists (a missing or mis-shaped tensor is an error naming it)
