@@ -121,6 +121,22 @@ __device__ __forceinline__ void stage_tile(uint32_t *xs, int u, uint4 v, float x
     }
 }
 
+/* acc[j] += A B_j over the 32 inputs of a step (tiles a0, a1) for N columns of 8 tokens, B_j
+ * the lane's fragments at x + 8 j stride. The N loads go first and each tile's N MMAs after,
+ * so that no MMA waits for the one before it (same accumulator) or a load for an MMA to free
+ * its registers. */
+template <int N>
+__device__ __forceinline__ void mma_step(float (*acc)[4], const uint32_t a0[4],
+                                         const uint32_t a1[4], const uint32_t *x, int stride) {
+    uint4 b[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) b[j] = *reinterpret_cast<const uint4 *>(x + 8 * j * stride);
+#pragma unroll
+    for (int j = 0; j < N; j++) mma_f16(acc[j], a0, b[j].x, b[j].y);
+#pragma unroll
+    for (int j = 0; j < N; j++) mma_f16(acc[j], a1, b[j].z, b[j].w);
+}
+
 template <int K, bool FP4, int NG>
 __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(const mm_params p) {
     constexpr int NW = 8 * K, GT = 8 * NG, BLOCK = FP4 ? 16 : 32;
@@ -264,13 +280,13 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
                 a[h][1] = h2_mul(a[h][1], w1);
                 a[h][3] = h2_mul(a[h][3], w1);
             }
+            /* law e4m3's groups take their columns in pairs (tokens past the group's end are
+             * zeros); law e2m1's, short of registers, one by one */
+            constexpr int N = FP4 || NG == 1 ? 1 : 2;
 #pragma unroll
-            for (int n = 0; n < NG; n++) {
+            for (int n = 0; n < NG; n += N) {
                 if (n && 8 * n >= grp.count) break; /* no tokens left in the group */
-                const uint4 bx =
-                    *reinterpret_cast<const uint4 *>(xq + 8 * n * X16_STRIDE + st * 16);
-                mma_f16(acc[n], a[0], bx.x, bx.y);
-                mma_f16(acc[n], a[1], bx.z, bx.w);
+                mma_step<N>(acc + n, a[0], a[1], xq + 8 * n * X16_STRIDE + st * 16, X16_STRIDE);
             }
         };
 #pragma unroll
@@ -310,22 +326,6 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
 #define WIDE_NG (MM_GROUP_WIDE / 16)       /* MMA columns of 8 tokens a warp */
 #define WIDE_THREADS (WIDE_STRIPS * 2 * 32)
 #define WIDE_STRIDE (WIDE_CHUNK * 8 + 16)  /* words per staged token row, banks as X16_STRIDE */
-
-/* acc[j] += A B_j over the 32 inputs of a step (tiles a0, a1) for N columns of 8 tokens, B_j
- * the lane's fragments at x + 8 j stride. The N loads go first and each tile's N MMAs after,
- * so that no MMA waits for the one before it (same accumulator) or a load for an MMA to free
- * its registers. */
-template <int N>
-__device__ __forceinline__ void mma_step(float (*acc)[4], const uint32_t a0[4],
-                                         const uint32_t a1[4], const uint32_t *x, int stride) {
-    uint4 b[N];
-#pragma unroll
-    for (int j = 0; j < N; j++) b[j] = *reinterpret_cast<const uint4 *>(x + 8 * j * stride);
-#pragma unroll
-    for (int j = 0; j < N; j++) mma_f16(acc[j], a0, b[j].x, b[j].y);
-#pragma unroll
-    for (int j = 0; j < N; j++) mma_f16(acc[j], a1, b[j].z, b[j].w);
-}
 
 template <int K, bool FP4>
 __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_params p) {
