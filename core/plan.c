@@ -84,7 +84,7 @@ enum tmx_status tmx_plan_parse_gpus(const char *s, int *n, uint64_t *bytes, char
 
 /* hf_quant_config.json's fields the plan needs; codec "bf16" when there is none. */
 struct quant {
-    char codec[64];
+    char codec[16];
     int bits, block, per_file, mxfp8;
 };
 
@@ -93,11 +93,12 @@ static enum tmx_status quant_load(const char *dir, struct quant *q, char **err) 
     struct tmx_quant_config qc;
     enum tmx_status st = tmx_quant_config_load(dir, &qc, err);
     if (st != TMX_OK || !qc.present) return st;
-    const char *path = qc.path, *codec = qc.codec;
-    const int block = strcmp(codec, "trellis-fp4") ? 32 : 16;
-    if (strcmp(codec, "trellis-e4m3") && strcmp(codec, "trellis-fp4"))
+    const char *path = qc.path;
+    const int fp4 = strcmp(qc.codec, "trellis-fp4") == 0, block = fp4 ? 16 : 32;
+    if (!fp4 && strcmp(qc.codec, "trellis-e4m3"))
         return tmx_err(err, TMX_ERR_UNSUPPORTED, "%s: field \"codec\" must be trellis-e4m3 or "
                        "trellis-fp4 (the plan knows the TrellisMX layout only)", path);
+    const char *codec = fp4 ? "trellis-fp4" : "trellis-e4m3"; /* fits q->codec */
     if (qc.bits < 2 || qc.bits > 6)
         return tmx_err(err, TMX_ERR_INVALID, "%s: field \"bits\" must be 2..6", path);
     if (qc.block_size != block)
