@@ -51,6 +51,19 @@ __device__ __forceinline__ bool group_of(const mm_params &p, int gi, int cap, mm
     return true;
 }
 
+/* By the whole CTA: the activation row of each of the group's gt slots (-1 past its tokens)
+ * into row_s[gt], and law e2m1's sigma -> f16 high byte table into lut_s. */
+template <bool FP4>
+__device__ __forceinline__ void group_tables(const mm_params &p, const mm_group &grp, int gt,
+                                             int *row_s, uint8_t *lut_s) {
+    for (int t = threadIdx.x; t < gt; t += blockDim.x)
+        row_s[t] = t >= grp.count ? -1
+                   : p.act_row ? p.act_row[grp.first + t] : grp.first + t;
+    if (FP4)
+        for (int i = threadIdx.x; i < TRELLIS_LUT; i += blockDim.x)
+            lut_s[i] = (uint8_t)(e4m3x2_to_f16x2(p.lut[i]) >> 8);
+}
+
 /* Starts copying a lane's part of a chunk of `tiles` tiles (8K words each) from src to dst
  * (shared memory, room for CAP tiles), zeros past its end, as one cp.async group. */
 template <int K, int CAP = MM_CHUNK>
@@ -157,12 +170,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
     const int z = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, q = lane & 3;
     const int strip = blockIdx.x * MM_WARPS + warp, tiles_c = p.cols / 16;
-    for (int t = threadIdx.x; t < GT; t += blockDim.x)
-        row_s[t] = t >= grp.count ? -1
-                   : p.act_row ? p.act_row[grp.first + t] : grp.first + t;
-    if (FP4)
-        for (int i = threadIdx.x; i < TRELLIS_LUT; i += blockDim.x)
-            lut_s[i] = (uint8_t)(e4m3x2_to_f16x2(p.lut[i]) >> 8);
+    group_tables<FP4>(p, grp, GT, row_s, lut_s);
 
     const uint4 *wsrc = reinterpret_cast<const uint4 *>(
         p.words[z] + ((size_t)grp.expert * (p.rows / 16) + strip) * tiles_c * NW);
@@ -267,7 +275,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
         if (c + 1 < n_chunks) load_scales(c + 1);
 
         const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[c & 1][warp]);
-        const uint32_t *xq = &x_s[c % XB][g][q * 4]; /* the lane's B fragments, 16 words a step */
+        const uint32_t *xq = x_s[c % XB][g]; /* the lane's token row of the first column */
         auto step = [&](int st) { /* 32 inputs: tiles 2st, 2st + 1 */
             uint32_t a[2][4];
 #pragma unroll
@@ -286,7 +294,8 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
 #pragma unroll
             for (int n = 0; n < NG; n += N) {
                 if (n && 8 * n >= grp.count) break; /* no tokens left in the group */
-                mma_step<N>(acc + n, a[0], a[1], xq + 8 * n * X16_STRIDE + st * 16, X16_STRIDE);
+                mma_step<N>(acc + n, a[0], a[1], xq + 8 * n * X16_STRIDE + x_word<false>(st, q),
+                            X16_STRIDE);
             }
         };
 #pragma unroll
@@ -343,12 +352,7 @@ __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_param
     const int z = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, q = lane & 3, ws = warp % WIDE_STRIPS, half = warp / WIDE_STRIPS;
     const int strip = blockIdx.x * WIDE_STRIPS + ws, tiles_c = p.cols / 16;
-    for (int t = threadIdx.x; t < GT; t += blockDim.x)
-        row_s[t] = t >= grp.count ? -1
-                   : p.act_row ? p.act_row[grp.first + t] : grp.first + t;
-    if (FP4)
-        for (int i = threadIdx.x; i < TRELLIS_LUT; i += blockDim.x)
-            lut_s[i] = (uint8_t)(e4m3x2_to_f16x2(p.lut[i]) >> 8);
+    group_tables<FP4>(p, grp, GT, row_s, lut_s);
     for (int i = threadIdx.x; i < GT * WIDE_STRIDE; i += blockDim.x) x_dyn[i] = 0u;
 
     /* The warp's tiles of chunk c: WIDE_HT from tile WIDE_CHUNK c + WIDE_HT half of its strip
