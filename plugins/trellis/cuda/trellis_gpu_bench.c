@@ -641,48 +641,83 @@ static double lt_block(cublasLtHandle_t lt, cudaDataType_t ab, int n, void *w, v
     return gu < 0 || dn < 0 ? -1.0 : gu + dn;
 }
 
-/* The matmul alone at one token per expert, every K: 8 experts' [SIDE][SIDE] matrices of random
- * words (from `words`, scales from `scales`). Shows what K costs when decoding bounds it. */
-static void sweep_k(const uint32_t *words, const uint8_t *scales, double copy_gbs,
-                    cudaStream_t s) {
-    const size_t mat = (size_t)SIDE * SIDE;
-    void *dw = dev_copy(words, mat / 256 * 48 * 4 * EXPERTS), *ds = dev_copy(scales, mat / 16 *
-                                                                                   EXPERTS);
-    float g[EXPERTS], a[EXPERTS], *xb = xmalloc((size_t)EXPERTS * SIDE / 16 * 4);
-    uint8_t *x = xmalloc((size_t)EXPERTS * SIDE);
-    for (int e = 0; e < EXPERTS; e++) g[e] = a[e] = 1.0f / 64.0f;
-    for (int i = 0; i < EXPERTS * SIDE; i++) x[i] = (uint8_t)(0x30 + rnd() % 16);
-    for (int i = 0; i < EXPERTS * SIDE / 16; i++) xb[i] = 1.0f;
-    void *dg = dev_copy(g, sizeof g), *da = dev_copy(a, sizeof a), *dx = dev_copy(x, (size_t)
-                                                                        EXPERTS * SIDE),
-         *dxb = dev_copy(xb, (size_t)EXPERTS * SIDE / 16 * 4), *dl, *dy;
-    CK(cudaMalloc(&dl, 1024));
-    CK(cudaMalloc(&dy, (size_t)EXPERTS * SIDE * 4));
+/* The matmul alone's device operands: 8 experts' [SIDE][SIDE] matrices of random words (`wpt`
+ * words a tile, from `words`) and block scales, up to m tokens an expert of E4M3 bytes with
+ * unit block scales, g = a = 1/64, law e2m1's table (trellis_cuda_matmul's arguments). */
+struct mm_bufs {
+    void *w, *s, *g, *a, *x, *xb, *lut, *y;
+};
+
+static struct mm_bufs mm_bufs_new(const uint32_t *words, int wpt, const uint8_t *scales, int m) {
+    const size_t mat = (size_t)SIDE * SIDE, n = (size_t)EXPERTS * m;
+    float g[EXPERTS], *a = xmalloc(n * 4), *xb = xmalloc(n * SIDE / 16 * 4);
+    uint8_t *x = xmalloc(n * SIDE);
+    for (int e = 0; e < EXPERTS; e++) g[e] = 1.0f / 64.0f;
+    for (size_t i = 0; i < n; i++) a[i] = 1.0f / 64.0f;
+    for (size_t i = 0; i < n * SIDE; i++) x[i] = (uint8_t)(0x30 + rnd() % 16);
+    for (size_t i = 0; i < n * SIDE / 16; i++) xb[i] = 1.0f;
+    struct mm_bufs b = {dev_copy(words, mat / 256 * wpt * 4 * EXPERTS),
+                        dev_copy(scales, mat / 16 * EXPERTS), dev_copy(g, sizeof g),
+                        dev_copy(a, n * 4), dev_copy(x, n * SIDE), dev_copy(xb, n * SIDE / 16 * 4),
+                        NULL, NULL};
+    CK(cudaMalloc(&b.lut, 1024));
+    CK(cudaMalloc(&b.y, n * SIDE * 4));
+    free(a);
+    free(xb);
+    free(x);
+    return b;
+}
+
+static void mm_bufs_free(struct mm_bufs *b) {
+    void *bufs[] = {b->w, b->s, b->g, b->a, b->x, b->xb, b->lut, b->y};
+    for (int i = 0; i < 8; i++) CK(cudaFree(bufs[i]));
+}
+
+/* Law fp4's table into b->lut. */
+static void mm_bufs_law(struct mm_bufs *b, int fp4) {
+    struct tmx_trellis_law law;
+    law_init(&law, fp4);
+    uint8_t lut[1024];
+    law_lut(&law, lut);
+    CK(cudaMemcpy(b->lut, lut, 1024, cudaMemcpyHostToDevice));
+}
+
+/* ms of one trellis_cuda_matmul of the 8 experts at m tokens each (mean of REPS after 3). */
+static double mm_time(const struct mm_bufs *b, int fp4, int K, int m, int group,
+                      cudaStream_t s) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
+    char msg[256];
+    for (int rep = -3; rep < REPS; rep++) {
+        if (rep == 0) CK(cudaEventRecord(e0, s));
+        if (trellis_cuda_matmul(fp4, K, b->lut, b->w, b->s, b->g, EXPERTS, SIDE, SIDE, b->x, b->a,
+                                b->xb, m, group, b->y, s, msg, sizeof msg)) {
+            fprintf(stderr, "trellis-gpu-bench: %s\n", msg);
+            exit(2);
+        }
+    }
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    const double ms = elapsed(e0, e1) / REPS;
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return ms;
+}
+
+/* The matmul alone at one token per expert, every K (`words` holds K = 6's words a tile).
+ * Shows what K costs when decoding bounds it. */
+static void sweep_k(const uint32_t *words, const uint8_t *scales, double copy_gbs,
+                    cudaStream_t s) {
+    const size_t mat = (size_t)SIDE * SIDE;
+    struct mm_bufs b = mm_bufs_new(words, 8 * TMX_TRELLIS_K_MAX, scales, 1);
     jprintf(", \"matmul_k_sweep\": [");
     tprintf("\nmatmul alone, 8 experts x [%d][%d], 1 token each: ms, GB/s of words + scales "
             "(share of copy bandwidth), weights/s:\n", SIDE, SIDE);
     for (int fp4 = 0; fp4 < 2; fp4++) {
-        struct tmx_trellis_law law;
-        law_init(&law, fp4);
-        uint8_t lut[1024];
-        law_lut(&law, lut);
-        CK(cudaMemcpy(dl, lut, 1024, cudaMemcpyHostToDevice));
+        mm_bufs_law(&b, fp4);
         for (int K = TMX_TRELLIS_K_MIN; K <= TMX_TRELLIS_K_MAX; K++) {
-            char msg[256];
-            for (int rep = -3; rep < REPS; rep++) {
-                if (rep == 0) CK(cudaEventRecord(e0, s));
-                if (trellis_cuda_matmul(fp4, K, dl, dw, ds, dg, EXPERTS, SIDE, SIDE, dx, da, dxb,
-                                        1, 0, dy, s, msg, sizeof msg)) {
-                    fprintf(stderr, "trellis-gpu-bench: %s\n", msg);
-                    exit(2);
-                }
-            }
-            CK(cudaEventRecord(e1, s));
-            CK(cudaEventSynchronize(e1));
-            const double ms = elapsed(e0, e1) / REPS,
+            const double ms = mm_time(&b, fp4, K, 1, 0, s),
                          bytes = (double)EXPERTS * mat * (K / 8.0 + 1.0 / (fp4 ? 16 : 32)),
                          gbs = bytes / (ms * 1e-3) / 1e9, wps = EXPERTS * mat / (ms * 1e-3);
             jprintf("%s{\"law\": \"%s\", \"K\": %d, \"ms\": %.4f, \"gbs\": %.1f, "
@@ -693,47 +728,23 @@ static void sweep_k(const uint32_t *words, const uint8_t *scales, double copy_gb
         }
     }
     jprintf("]");
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    void *bufs[] = {dw, ds, dg, da, dx, dxb, dl, dy};
-    for (int i = 0; i < 8; i++) CK(cudaFree(bufs[i]));
-    free(xb);
-    free(x);
+    mm_bufs_free(&b);
 }
 
-/* The matmul alone at K = 3 for each grouped kernel: 8 experts' [SIDE][SIDE] matrices (the
- * first 8 of `words`), m tokens each; what the expert block's choice of group rests on. */
+/* The matmul alone at K = 3 for each grouped kernel, m tokens an expert (`words` holds K = 3's
+ * words a tile at least); what the expert block's choice of group rests on. */
 static void time_groups(const uint32_t *words, const uint8_t *scales, cudaStream_t s) {
     enum { NM = 6, NG = 2, MMAX = 512 };
     static const int tokens[NM] = {16, 32, 64, 128, 256, MMAX}, groups[NG] = {64, 128};
     const int K = 3;
-    const size_t mat = (size_t)SIDE * SIDE, n = (size_t)EXPERTS * MMAX;
-    void *dw = dev_copy(words, mat / 256 * 8 * K * 4 * EXPERTS),
-         *ds = dev_copy(scales, mat / 16 * EXPERTS);
-    float g[EXPERTS], *a = xmalloc(n * 4), *xb = xmalloc(n * SIDE / 16 * 4);
-    uint8_t *x = xmalloc(n * SIDE);
-    for (int e = 0; e < EXPERTS; e++) g[e] = 1.0f / 64.0f;
-    for (size_t i = 0; i < n; i++) a[i] = 1.0f / 64.0f;
-    for (size_t i = 0; i < n * SIDE; i++) x[i] = (uint8_t)(0x30 + rnd() % 16);
-    for (size_t i = 0; i < n * SIDE / 16; i++) xb[i] = 1.0f;
-    void *dg = dev_copy(g, sizeof g), *da = dev_copy(a, n * 4), *dx = dev_copy(x, n * SIDE),
-         *dxb = dev_copy(xb, n * SIDE / 16 * 4), *dl, *dy;
-    CK(cudaMalloc(&dl, 1024));
-    CK(cudaMalloc(&dy, n * SIDE * 4));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    struct mm_bufs b = mm_bufs_new(words, 8 * K, scales, MMAX);
     jprintf(", \"matmul_groups\": {\"K\": 3, \"tokens_per_expert\": [");
     for (int i = 0; i < NM; i++) jprintf("%s%d", i ? ", " : "", tokens[i]);
     jprintf("], \"groups\": [64, 128], \"ms\": {");
     tprintf("\nmatmul alone by group size, 8 experts x [%d][%d], K = 3: ms (group of the expert "
             "block: *)\n  %-6s %6s %9s %9s\n", SIDE, SIDE, "law", "tokens", "64", "128");
     for (int fp4 = 0; fp4 < 2; fp4++) {
-        struct tmx_trellis_law law;
-        law_init(&law, fp4);
-        uint8_t lut[1024];
-        law_lut(&law, lut);
-        CK(cudaMemcpy(dl, lut, 1024, cudaMemcpyHostToDevice));
+        mm_bufs_law(&b, fp4);
         jprintf("%s\"%s\": [", fp4 ? ", " : "", law_name(fp4));
         for (int i = 0; i < NM; i++) {
             const int m = tokens[i];
@@ -741,18 +752,7 @@ static void time_groups(const uint32_t *words, const uint8_t *scales, cudaStream
             jprintf("%s[", i ? ", " : "");
             tprintf("  %-6s %6d", law_name(fp4), m);
             for (int j = 0; j < NG; j++) {
-                char msg[256];
-                for (int rep = -3; rep < REPS; rep++) {
-                    if (rep == 0) CK(cudaEventRecord(e0, s));
-                    if (trellis_cuda_matmul(fp4, K, dl, dw, ds, dg, EXPERTS, SIDE, SIDE, dx, da,
-                                            dxb, m, groups[j], dy, s, msg, sizeof msg)) {
-                        fprintf(stderr, "trellis-gpu-bench: %s\n", msg);
-                        exit(2);
-                    }
-                }
-                CK(cudaEventRecord(e1, s));
-                CK(cudaEventSynchronize(e1));
-                const double ms = elapsed(e0, e1) / REPS;
+                const double ms = mm_time(&b, fp4, K, m, groups[j], s);
                 jprintf("%s%.4f", j ? ", " : "", ms);
                 tprintf(" %8.4f%s", ms, groups[j] == pick ? "*" : " ");
             }
@@ -762,13 +762,7 @@ static void time_groups(const uint32_t *words, const uint8_t *scales, cudaStream
         jprintf("]");
     }
     jprintf("}}");
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    void *bufs[] = {dw, ds, dg, da, dx, dxb, dl, dy};
-    for (int i = 0; i < 8; i++) CK(cudaFree(bufs[i]));
-    free(a);
-    free(xb);
-    free(x);
+    mm_bufs_free(&b);
 }
 
 /* --sweep: the matmul alone at every K, nothing else; --groups: by group size at K = 3. */
