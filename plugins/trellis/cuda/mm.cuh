@@ -37,7 +37,7 @@ struct mm_params {
 #define MM_WIDE_FROM 128 /* tokens an expert on average from which the wide GEMM runs */
 
 /* Queues y = Q x on `stream` for n_mats (1, 2) matrices and up to max_groups groups of
- * `group` (MM_GROUP_SMALL or _LARGE) tokens. */
+ * `group` (MM_GROUP_SMALL, _LARGE or _WIDE) tokens. */
 cudaError_t trellis_mm_launch(int fp4, int K, int group, const mm_params &p, int n_mats,
                               int max_groups, cudaStream_t stream);
 
