@@ -104,19 +104,14 @@ __device__ __forceinline__ __half2 scale_h2(const uint32_t (&h)[SH], int b) {
 }
 
 /* Where the B fragments of lanes with q = lane % 4 for step st (32 inputs, two tiles) begin
- * in a staged token row: 16 words a step, [q][tile of the step][b0, b1]. ROT rotates the four
- * q's of a step by st / 2: the 16 lanes of a half-warp's 8-byte stores (a token's tiles) then
- * fall into all 32 banks instead of 8. The wide GEMM gains 12% by it; mm_kernel's groups do
- * not rotate: they lost 9% at 16 tokens to the extra address arithmetic and gained 1% at 256
- * (docs/perf/h200-codec.md, "The wide GEMM"). */
-template <bool ROT>
+ * in a staged token row: 16 words a step, [q][tile of the step][b0, b1]. */
 __device__ __forceinline__ int x_word(int st, int q) {
-    return st * 16 + (ROT ? q ^ (st >> 1 & 3) : q) * 4;
+    return st * 16 + q * 4;
 }
 
 /* Stages token row xs (f16, x_word's layout) for tile u of a chunk from the tile's 16 kappa
  * bytes v; law e2m1 multiplies them by their block scale xb. */
-template <bool FP4, bool ROT = false>
+template <bool FP4>
 __device__ __forceinline__ void stage_tile(uint32_t *xs, int u, uint4 v, float xb) {
     const uint4 n = lambda_words(v);
     const uint32_t w[4] = {n.x, n.y, n.z, n.w};
@@ -129,7 +124,7 @@ __device__ __forceinline__ void stage_tile(uint32_t *xs, int u, uint4 v, float x
             b0 = h2_mul(b0, s);
             b1 = h2_mul(b1, s);
         }
-        *reinterpret_cast<uint2 *>(&xs[x_word<ROT>(u >> 1, i) + (u & 1) * 2]) =
+        *reinterpret_cast<uint2 *>(&xs[x_word(u >> 1, i) + (u & 1) * 2]) =
             make_uint2(b0, b1);
     }
 }
@@ -294,7 +289,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
 #pragma unroll
             for (int n = 0; n < NG; n += N) {
                 if (n && 8 * n >= grp.count) break; /* no tokens left in the group */
-                mma_step<N>(acc + n, a[0], a[1], xq + 8 * n * X16_STRIDE + x_word<false>(st, q),
+                mma_step<N>(acc + n, a[0], a[1], xq + 8 * n * X16_STRIDE + x_word(st, q),
                             X16_STRIDE);
             }
         };
@@ -321,138 +316,186 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
         }
 }
 
-/* The wide GEMM (groups of up to MM_GROUP_WIDE tokens): a CTA computes WIDE_STRIPS strips
- * of 16 rows for the whole group and decodes each of their tiles once. Two warps share a
- * strip: each decodes half of the strip's tiles of a chunk into shared memory, already times
- * their block scales, and after the barrier multiplies all of the chunk's tiles by its half of
- * the tokens (8 NG, its accumulators), so a tile's decode is spent on 128 tokens where
- * mm_kernel's groups spend it on 64. Chunks are WIDE_CHUNK tiles so that the staged
- * activations fit beside the A fragments at two CTAs an SM. Groups of 256 (NG = 16) were
- * slower: at 128 registers ptxas runs each column's load and two MMAs in turn. */
-#define WIDE_STRIPS 4
-#define WIDE_CHUNK 8                       /* tiles of a strip a chunk: 128 inputs */
-#define WIDE_HT (WIDE_CHUNK / 2)           /* tiles a warp decodes a chunk */
-#define WIDE_NG (MM_GROUP_WIDE / 16)       /* MMA columns of 8 tokens a warp */
-#define WIDE_THREADS (WIDE_STRIPS * 2 * 32)
-#define WIDE_STRIDE (WIDE_CHUNK * 8 + 16)  /* words per staged token row, banks as X16_STRIDE */
+/* The wide GEMM (groups of MM_GROUP_WIDE or MM_GROUP_WIDER tokens): a CTA of 8 warps computes
+ * 64 rows (MM_WARPS strips) for the whole group and decodes each of their tiles once. A chunk
+ * is 64 inputs (WIDE_KT tiles a strip); each warp decodes 2 of its 16 tiles into shared
+ * memory, already times their block scales, and multiplies all of them into its warp tile of
+ * 32 rows by GT / 4 tokens, so that each A fragment it loads feeds GT / 32 MMAs and each B
+ * fragment two. A fragments and activations are double-buffered: the decode of chunk c + 1
+ * and the MMAs of chunk c run between the same two barriers, and the activations, staged as
+ * f16 B fragments in memory once per call (stage_kernel), come in by cp.async a chunk ahead
+ * with the words. */
+#define WIDE_KT 4                 /* tiles of a strip a chunk: 64 inputs */
+#define WIDE_THREADS 256          /* 8 warps: two decode each strip's tiles */
+#define WIDE_XW (WIDE_KT * 8)     /* staged f16x2 words of a token a chunk: two steps */
 
-template <int K, bool FP4>
+/* The staged activations of a token take WIDE_XW words of shared memory with no padding; odd
+ * tokens swap their two steps, so that the 8 lanes of a quarter-warp's B loads (two tokens,
+ * the same step) cover all 32 banks. */
+__device__ __forceinline__ int wide_word(int t, int w) {
+    return w ^ (t & 1) << 4;
+}
+
+template <int K, bool FP4, int GT>
 __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_params p) {
-    constexpr int NW = 8 * K, NG = WIDE_NG, GT = MM_GROUP_WIDE, BLOCK = FP4 ? 16 : 32;
-    constexpr int PER = GT * WIDE_CHUNK / WIDE_THREADS, BATCH = 2; /* token tiles a thread */
-    __shared__ uint4 w_s[2][2 * WIDE_STRIPS][WIDE_HT * NW / 4]; /* [chunk % 2][warp][tile][8K] */
-    __shared__ uint4 a_s[WIDE_STRIPS][WIDE_CHUNK][32];          /* [strip][tile][lane] A */
-    extern __shared__ __align__(16) uint32_t x_dyn[];           /* [GT][WIDE_STRIDE] f16x2 */
-    uint32_t(*x_s)[WIDE_STRIDE] = reinterpret_cast<uint32_t(*)[WIDE_STRIDE]>(x_dyn);
+    constexpr int NW = 8 * K, BLOCK = FP4 ? 16 : 32, NC = GT / 32; /* MMA columns a warp */
+    constexpr int XP = GT * WIDE_XW / 4 / WIDE_THREADS;          /* 16-byte copies a thread */
+    __shared__ uint4 w_s[2][WIDE_THREADS / 32][2 * NW / 4]; /* [chunk % 2][warp][2 tiles' words] */
+    __shared__ uint4 a_s[2][MM_WARPS][WIDE_KT][32];         /* [chunk % 2][strip][tile][lane] */
+    extern __shared__ __align__(16) uint32_t x_dyn[];       /* [chunk % 2][GT][WIDE_XW] */
     __shared__ uint8_t lut_s[FP4 ? TRELLIS_LUT : 1];
     __shared__ int row_s[GT];
 
     mm_group grp;
     if (!group_of(p, blockIdx.y, GT, grp)) return;
     const int z = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, q = lane & 3, ws = warp % WIDE_STRIPS, half = warp / WIDE_STRIPS;
-    const int strip = blockIdx.x * WIDE_STRIPS + ws, tiles_c = p.cols / 16;
+    const int g = lane >> 2, q = lane & 3, tiles_c = p.cols / 16, n_chunks = tiles_c / WIDE_KT;
     group_tables<FP4>(p, grp, GT, row_s, lut_s);
-    for (int i = threadIdx.x; i < GT * WIDE_STRIDE; i += blockDim.x) x_dyn[i] = 0u;
 
-    /* The warp's tiles of chunk c: WIDE_HT from tile WIDE_CHUNK c + WIDE_HT half of its strip
-     * (cols is a multiple of 128, so every chunk is whole), and their block scales. */
+    /* Decoding: tiles 2 dh, 2 dh + 1 of strip ds in every chunk, and their rows' scales (law
+     * e4m3: one block, law e2m1: two). */
+    const int ds = warp >> 1, dh = warp & 1, strip = blockIdx.x * MM_WARPS + ds;
     const uint4 *wsrc = reinterpret_cast<const uint4 *>(
-        p.words[z] + (((size_t)grp.expert * (p.rows / 16) + strip) * tiles_c + WIDE_HT * half) *
-                         NW);
+        p.words[z] + (((size_t)grp.expert * (p.rows / 16) + strip) * tiles_c + 2 * dh) * NW);
     const int spr = p.cols / BLOCK;
     const uint8_t *sc0 = p.scales[z] + ((size_t)grp.expert * p.rows + 16 * strip + g) * spr +
-                         WIDE_HT * 16 / BLOCK * half;
+                         32 / BLOCK * dh;
     const uint8_t *sc1 = sc0 + 8 * spr;
-    auto scales_of = [&](const uint8_t *sc, int c, uint32_t (&h)[2]) {
-        const uint8_t *b = sc + c * (WIDE_CHUNK * 16 / BLOCK);
-        const uint32_t v = FP4 ? *reinterpret_cast<const uint32_t *>(b)
-                               : *reinterpret_cast<const uint16_t *>(b);
-        e4m3x4_to_f16x2(v, h[0], h[1]);
+    auto scale_bytes = [&](const uint8_t *sc, int c) -> uint32_t {
+        const uint8_t *b = sc + c * (16 * WIDE_KT / BLOCK);
+        return FP4 ? *reinterpret_cast<const uint16_t *>(b) : *b;
     };
     const lane_window lw = lane_window_of<K>(lane);
     uint32_t sum[2];
     sum_bytes(sum, lane);
-    const int n_chunks = tiles_c / WIDE_CHUNK;
-    float acc[NG][4] = {};
-    load_chunk<K, WIDE_HT>(w_s[0][warp], wsrc, WIDE_HT, lane);
-    __syncthreads(); /* row_s, lut_s, x_s */
-
-    for (int c = 0; c < n_chunks; c++) {
-        /* The chunk's activations, loads in batches as mm_kernel's groups. */
-#pragma unroll
-        for (int b = 0; b < PER; b += BATCH) {
-            uint4 v[BATCH];
-            float xb[BATCH];
-#pragma unroll
-            for (int j = 0; j < BATCH; j++) {
-                const int i = (b + j) * WIDE_THREADS + threadIdx.x;
-                const int r = row_s[i / WIDE_CHUNK], u = i % WIDE_CHUNK;
-                if (r < 0) continue;
-                v[j] = reinterpret_cast<const uint4 *>(p.x + (size_t)r * p.cols +
-                                                       c * (16 * WIDE_CHUNK))[u];
-                xb[j] = FP4 ? p.xb[(size_t)r * (p.cols / 16) + c * WIDE_CHUNK + u] : 0.0f;
-            }
-#pragma unroll
-            for (int j = 0; j < BATCH; j++) {
-                const int i = (b + j) * WIDE_THREADS + threadIdx.x;
-                if (row_s[i / WIDE_CHUNK] >= 0)
-                    stage_tile<FP4, true>(x_s[i / WIDE_CHUNK], i % WIDE_CHUNK, v[j], xb[j]);
-            }
-        }
-        uint32_t s0[2], s1[2];
-        scales_of(sc0, c, s0);
-        scales_of(sc1, c, s1);
-        if (c + 1 < n_chunks)
-            load_chunk<K, WIDE_HT>(w_s[(c + 1) & 1][warp],
-                                   wsrc + (size_t)(c + 1) * WIDE_CHUNK * NW / 4, WIDE_HT, lane);
-        else
-            asm volatile("cp.async.commit_group;" ::: "memory");
-        wait_chunk();
-        __syncwarp();
+    auto decode = [&](int c, uint32_t n0, uint32_t n1) {
+        const uint32_t s0[1] = {e4m3x2_to_f16x2(n0)}, s1[1] = {e4m3x2_to_f16x2(n1)};
         const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[c & 1][warp]);
 #pragma unroll
-        for (int u = 0; u < WIDE_HT; u++) {
+        for (int u = 0; u < 2; u++) {
             uint32_t a[4];
             lane_operands<K, FP4>(tw + u * NW, lw, sum, lut_s, a);
-            const int b = FP4 ? u : u / 2; /* the tile's block among the warp's */
-            const __half2 w0 = scale_h2(s0, b), w1 = scale_h2(s1, b);
-            a_s[ws][WIDE_HT * half + u][lane] =
-                make_uint4(h2_mul(a[0], w0), h2_mul(a[1], w1), h2_mul(a[2], w0),
-                           h2_mul(a[3], w1));
+            const __half2 w0 = scale_h2(s0, FP4 ? u : 0), w1 = scale_h2(s1, FP4 ? u : 0);
+            a_s[c & 1][ds][2 * dh + u][lane] = make_uint4(h2_mul(a[0], w0), h2_mul(a[1], w1),
+                                                          h2_mul(a[2], w0), h2_mul(a[3], w1));
         }
-        __syncthreads(); /* the strip's A fragments and the activations */
+    };
+    /* The warp's words of chunk c, as one cp.async group with the activations issued before. */
+    auto load_words = [&](int c) {
+        load_chunk<K, 2>(w_s[c & 1][warp], wsrc + (size_t)c * NW, 2, lane);
+    };
+    /* Copies: piece xj (16 bytes) of the chunk's words of tokens xt + 32 i; zeros for the
+     * tokens the group lacks. */
+    const int xj = threadIdx.x & 7, xt = threadIdx.x >> 3, xcol = wide_word(xt, 4 * xj);
+    auto load_x = [&](int c) {
+        uint32_t *dst = x_dyn + (c & 1) * GT * WIDE_XW;
+#pragma unroll
+        for (int i = 0; i < XP; i++) {
+            const int t = xt + 32 * i, r = row_s[t];
+            const uint32_t *src = p.x16 + (size_t)(r < 0 ? 0 : r) * (p.cols / 2) +
+                                  c * WIDE_XW + 4 * xj;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                             (uint32_t)__cvta_generic_to_shared(dst + t * WIDE_XW + xcol)),
+                         "l"(src), "r"(r < 0 ? 0 : 16)
+                         : "memory");
+        }
+    };
 
-        const uint32_t *xq = x_s[8 * NG * half + g];
-#pragma unroll
-        for (int st = 0; st < WIDE_CHUNK / 2; st++) { /* 32 inputs: tiles 2st, 2st + 1 */
-            const uint4 a0 = a_s[ws][2 * st][lane], a1 = a_s[ws][2 * st + 1][lane];
-            const uint32_t f0[4] = {a0.x, a0.y, a0.z, a0.w}, f1[4] = {a1.x, a1.y, a1.z, a1.w};
-            /* Tokens the group lacks are staged as zeros: testing for them once per 32 keeps
-             * the branches (and the warp syncs after them) out of the MMA sequence. */
-#pragma unroll
-            for (int n = 0; n < NG; n += 4) {
-                if (8 * (NG * half + n) >= grp.count) break;
-                mma_step<4>(acc + n, f0, f1, xq + 8 * n * WIDE_STRIDE + x_word<true>(st, q),
-                            WIDE_STRIDE);
+    __syncthreads(); /* row_s, lut_s */
+    load_x(0);
+    load_words(0);
+    if (n_chunks > 1)
+        load_words(1);
+    uint32_t n0 = scale_bytes(sc0, 0), n1 = scale_bytes(sc1, 0);
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncwarp();
+    decode(0, n0, n1);
+    if (n_chunks > 1) {
+        n0 = scale_bytes(sc0, 1);
+        n1 = scale_bytes(sc1, 1);
+    }
+
+    /* The MMAs: strips 2 rh, 2 rh + 1, tokens GT / 4 tq on. */
+    const int rh = warp & 1, tq = warp >> 1, t0 = GT / 4 * tq;
+    float acc[2][NC][4] = {};
+    for (int c = 0; c < n_chunks; c++) {
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads(); /* chunk c's activations and A fragments; chunk c - 1 is consumed */
+        if (c + 1 < n_chunks) {
+            load_x(c + 1);
+            if (c + 2 < n_chunks)
+                load_words(c + 2);
+            else
+                asm volatile("cp.async.commit_group;" ::: "memory");
+            decode(c + 1, n0, n1);
+            if (c + 2 < n_chunks) {
+                n0 = scale_bytes(sc0, c + 2);
+                n1 = scale_bytes(sc1, c + 2);
             }
         }
-        __syncthreads(); /* before the next chunk's staging and A fragments */
+        const uint32_t *xq = x_dyn + ((c & 1) * GT + t0 + g) * WIDE_XW;
+#pragma unroll
+        for (int st = 0; st < WIDE_KT / 2; st++) { /* 32 inputs: tiles 2st, 2st + 1 */
+            uint32_t a[2][2][4]; /* [strip][tile] */
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint4 v = a_s[c & 1][2 * rh + (i >> 1)][2 * st + (i & 1)][lane];
+                a[i >> 1][i & 1][0] = v.x;
+                a[i >> 1][i & 1][1] = v.y;
+                a[i >> 1][i & 1][2] = v.z;
+                a[i >> 1][i & 1][3] = v.w;
+            }
+            const int col = wide_word(g, x_word(st, q));
+            /* Tokens the group lacks are zeros: testing for them per 16 keeps the branches
+             * out of the MMA sequence. */
+#pragma unroll
+            for (int n = 0; n < NC; n += 2) {
+                if (t0 + 8 * n >= grp.count) break;
+                uint4 b[2];
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    b[j] = *reinterpret_cast<const uint4 *>(xq + 8 * (n + j) * WIDE_XW + col);
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++)
+#pragma unroll
+                        for (int s = 0; s < 2; s++)
+                            mma_f16(acc[s][n + j], a[s][h], h ? b[j].z : b[j].x,
+                                    h ? b[j].w : b[j].y);
+            }
+        }
     }
 
     const float gs = p.g[z][grp.expert];
-    const int r0 = 16 * strip + g;
 #pragma unroll
-    for (int n = 0; n < NG; n++)
+    for (int s = 0; s < 2; s++) {
+        const int r0 = 16 * (blockIdx.x * MM_WARPS + 2 * rh + s) + g;
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int t = 8 * (NG * half + n) + 2 * q + i;
-            if (t >= grp.count) continue;
-            const float s = gs * p.xa[row_s[t]];
-            float *y = p.y[z] + (size_t)(grp.first + t) * p.rows;
-            y[r0] = acc[n][i] * s;
-            y[r0 + 8] = acc[n][2 + i] * s;
-        }
+        for (int n = 0; n < NC; n++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) { /* accumulator columns 2q, 2q + 1: two tokens */
+                const int t = t0 + 8 * n + 2 * q + i;
+                if (t >= grp.count) continue;
+                const float sc = gs * p.xa[row_s[t]];
+                float *y = p.y[z] + (size_t)(grp.first + t) * p.rows;
+                y[r0] = acc[s][n][i] * sc;
+                y[r0 + 8] = acc[s][n][2 + i] * sc;
+            }
+    }
+}
+
+/* x16[r] <- row r of x as the wide GEMM's B fragments: f16 in x_word's order along the whole
+ * row, law e2m1's already times their block scales. A thread per tile of a row. */
+template <bool FP4>
+__global__ void stage_kernel(const mm_params p) {
+    const int tiles = p.cols / 16;
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)p.x_rows * tiles) return;
+    const long r = i / tiles;
+    const int u = (int)(i % tiles);
+    const uint4 v = reinterpret_cast<const uint4 *>(p.x + r * p.cols)[u];
+    stage_tile<FP4>(p.x16 + r * (p.cols / 2), u, v, FP4 ? p.xb[r * tiles + u] : 0.0f);
 }
 
 /* One group size's kernel with its dynamic shared memory. With the static part it passes the
@@ -470,16 +513,20 @@ static cudaError_t launch_ng(const mm_params &p, dim3 grid, cudaStream_t stream)
     return cudaGetLastError();
 }
 
-/* The wide GEMM's staged activations, 40 KB, pass the 48 KB default with its 22-31 KB of
- * static shared memory: it needs the attribute. */
-template <int K, bool FP4>
+/* The wide GEMM: the activations staged as f16 first, then the GEMM, whose double-buffered
+ * activations (32 or 64 KB) pass the 48 KB default with its 20-27 KB of static shared memory. */
+template <int K, bool FP4, int GT>
 static cudaError_t launch_wide(const mm_params &p, dim3 grid, cudaStream_t stream) {
-    static_assert(WIDE_STRIPS == MM_WARPS, "the grid has rows / 64 CTAs either way");
-    const size_t smem = (size_t)MM_GROUP_WIDE * WIDE_STRIDE * sizeof(uint32_t);
-    const cudaError_t e = cudaFuncSetAttribute(
-        mm_wide_kernel<K, FP4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    static_assert(WIDE_THREADS == 2 * MM_WARPS * 32, "the grid has rows / 64 CTAs either way");
+    const long tiles = (long)p.x_rows * (p.cols / 16);
+    stage_kernel<FP4><<<(unsigned)((tiles + 255) / 256), 256, 0, stream>>>(p);
+    cudaError_t e = cudaGetLastError();
+    const size_t smem = (size_t)2 * GT * WIDE_XW * sizeof(uint32_t);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(mm_wide_kernel<K, FP4, GT>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    mm_wide_kernel<K, FP4><<<grid, WIDE_THREADS, smem, stream>>>(p);
+    mm_wide_kernel<K, FP4, GT><<<grid, WIDE_THREADS, smem, stream>>>(p);
     return cudaGetLastError();
 }
 
@@ -488,7 +535,8 @@ static cudaError_t launch_k(int group, const mm_params &p, dim3 grid, cudaStream
     switch (group) {
     case MM_GROUP_SMALL: return launch_ng<K, FP4, MM_GROUP_SMALL / 8>(p, grid, stream);
     case MM_GROUP_LARGE: return launch_ng<K, FP4, MM_GROUP_LARGE / 8>(p, grid, stream);
-    case MM_GROUP_WIDE: return launch_wide<K, FP4>(p, grid, stream);
+    case MM_GROUP_WIDE: return launch_wide<K, FP4, MM_GROUP_WIDE>(p, grid, stream);
+    case MM_GROUP_WIDER: return launch_wide<K, FP4, MM_GROUP_WIDER>(p, grid, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -597,25 +645,35 @@ extern "C" int trellis_cuda_decode_tiles(int fp4, int K, const uint8_t *lut_host
 }
 
 /* A decode step (at most 8 tokens, so at most 8 an expert) takes the GEMV; the wide GEMM from
- * MM_WIDE_FROM tokens an expert on average: measured faster than the 64-token groups at 128
- * tokens and above, slower at 64 and below (docs/perf/h200-codec.md, "The wide GEMM"). */
+ * MM_WIDE_FROM tokens an expert on average, its groups of 256 from MM_WIDER_FROM (the
+ * crossovers measured by trellis-gpu-bench --groups, docs/perf/h200-codec.md). */
 extern "C" int trellis_cuda_group(int tokens, long pairs, int experts) {
     if (tokens <= MM_GROUP_SMALL || pairs <= (long)MM_GROUP_SMALL * experts)
         return MM_GROUP_SMALL;
-    return pairs < (long)MM_WIDE_FROM * experts ? MM_GROUP_LARGE : MM_GROUP_WIDE;
+    if (pairs < (long)MM_WIDE_FROM * experts) return MM_GROUP_LARGE;
+    return pairs < (long)MM_WIDER_FROM * experts ? MM_GROUP_WIDE : MM_GROUP_WIDER;
+}
+
+static int matmul_group(int group, int m, int n_experts) {
+    return group ? group : trellis_cuda_group(m, (long)m * n_experts, n_experts);
+}
+
+extern "C" size_t trellis_cuda_matmul_work(int n_experts, int cols, int m, int group) {
+    return trellis_mm_x16_bytes(matmul_group(group, m, n_experts), (size_t)n_experts * m, cols);
 }
 
 extern "C" int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uint32_t *words,
                                    const uint8_t *scales, const float *g, int n_experts,
                                    int rows, int cols, const uint8_t *x, const float *a,
-                                   const float *xb, int m, int group, float *y, void *stream,
-                                   char *msg, size_t size) {
-    if (rows % 128 || cols % 128 || m < 1 || n_experts < 1) {
-        snprintf(msg, size, "matmul: [%d][%d] x %d tokens of %d experts", rows, cols, m,
-                 n_experts);
+                                   const float *xb, int m, int group, void *work, float *y,
+                                   void *stream, char *msg, size_t size) {
+    group = matmul_group(group, m, n_experts);
+    if (rows % 128 || cols % 128 || m < 1 || n_experts < 1 ||
+        (trellis_mm_x16_bytes(group, 1, cols) && !work)) {
+        snprintf(msg, size, "matmul: [%d][%d] x %d tokens of %d experts, group %d, work %p",
+                 rows, cols, m, n_experts, group, work);
         return 1;
     }
-    if (!group) group = trellis_cuda_group(m, (long)m * n_experts, n_experts);
     mm_params p = {};
     p.words[0] = words;
     p.scales[0] = scales;
@@ -628,6 +686,8 @@ extern "C" int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uin
     p.xa = a;
     p.xb = xb;
     p.lut = lut;
+    p.x16 = static_cast<uint32_t *>(work);
+    p.x_rows = n_experts * m;
     return failed(trellis_mm_launch(fp4, K, group, p, 1, n_experts * ((m + group - 1) / group),
                                     static_cast<cudaStream_t>(stream)),
                   "matmul", msg, size);

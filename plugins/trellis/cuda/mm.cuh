@@ -27,17 +27,27 @@ struct mm_params {
     const float *xa;          /* [rows of x] token scales */
     const float *xb;          /* law e2m1: [rows of x][cols/16] block scale values */
     const uint8_t *lut;       /* law e2m1: [TRELLIS_LUT] */
+    /* The wide GEMM: scratch the launch fills with x staged as f16 B fragments first. */
+    uint32_t *x16;            /* [x_rows][cols / 2] */
+    int x_rows;
 };
 
 /* Tokens per group: the GEMV (mm_kernel, NG = 1), the grouped GEMM (NG = 8) and the wide
- * GEMM (mm_wide_kernel, each tile decoded once for 128 tokens). */
+ * GEMM (mm_wide_kernel, each tile decoded once for 128 or 256 tokens). */
 #define MM_GROUP_SMALL 8
 #define MM_GROUP_LARGE 64
 #define MM_GROUP_WIDE 128
-#define MM_WIDE_FROM 128 /* tokens an expert on average from which the wide GEMM runs */
+#define MM_GROUP_WIDER 256
+#define MM_WIDE_FROM 128  /* tokens an expert on average from which the wide GEMM runs */
+#define MM_WIDER_FROM 256 /* and its groups of 256 */
+
+/* Bytes of the scratch x16 for x_rows rows of `cols` inputs in groups of `group` tokens. */
+static inline size_t trellis_mm_x16_bytes(int group, size_t x_rows, int cols) {
+    return group >= MM_GROUP_WIDE ? x_rows * (size_t)cols * 2 : 0;
+}
 
 /* Queues y = Q x on `stream` for n_mats (1, 2) matrices and up to max_groups groups of
- * `group` (MM_GROUP_SMALL, _LARGE or _WIDE) tokens. */
+ * `group` (MM_GROUP_SMALL, _LARGE, _WIDE or _WIDER) tokens. */
 cudaError_t trellis_mm_launch(int fp4, int K, int group, const mm_params &p, int n_mats,
                               int max_groups, cudaStream_t stream);
 

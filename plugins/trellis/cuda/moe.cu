@@ -486,10 +486,11 @@ struct moe_buffers {
     int4 *groups;
     uint8_t *zq, *mq;
     float *za, *zb, *hg, *hu, *ma, *mb, *y, *rms;
+    uint32_t *x16; /* the wide GEMM's staged activations, of gate/up and then of down */
 };
 
 static size_t buffers_layout(const trellis_cuda_layer *l, size_t n, size_t P, size_t G,
-                             char *base, moe_buffers *b) {
+                             int cap, char *base, moe_buffers *b) {
     const size_t lat = (size_t)l->latent, inter = (size_t)l->inter;
     size_t at = 0;
     b->slot = (int *)carve(base, &at, P * sizeof(int));
@@ -507,6 +508,9 @@ static size_t buffers_layout(const trellis_cuda_layer *l, size_t n, size_t P, si
     b->mb = (float *)carve(base, &at, P * inter / 16 * sizeof(float));
     b->y = (float *)carve(base, &at, P * lat * sizeof(float));
     b->rms = (float *)carve(base, &at, P * sizeof(float));
+    const size_t gate_up = trellis_mm_x16_bytes(cap, n, l->latent),
+                 down = trellis_mm_x16_bytes(cap, P, l->inter);
+    b->x16 = (uint32_t *)carve(base, &at, gate_up > down ? gate_up : down);
     return at;
 }
 
@@ -559,9 +563,9 @@ extern "C" int trellis_cuda_moe(trellis_cuda_scratch **scratch, const trellis_cu
     const int cap = trellis_cuda_group(n, P, E);
     const int G = P < P / cap + E ? P : P / cap + E;
     moe_buffers b;
-    const size_t need = buffers_layout(l, n, P, G, NULL, &b);
+    const size_t need = buffers_layout(l, n, P, G, cap, NULL, &b);
     if (scratch_reserve(scratch, need, s, msg, size)) return 1;
-    buffers_layout(l, n, P, G, (char *)(*scratch)->base, &b);
+    buffers_layout(l, n, P, G, cap, (char *)(*scratch)->base, &b);
 
     /* Routing and the input are one launch: events 0 and 1 both follow it. */
     const size_t route_smem = 2 * E * sizeof(int), input_smem = l->latent * sizeof(float);
@@ -575,6 +579,7 @@ extern "C" int trellis_cuda_moe(trellis_cuda_scratch **scratch, const trellis_cu
     p.groups = b.groups;
     p.n_groups = b.n_groups;
     p.lut = l->lut;
+    p.x16 = b.x16;
     if (e == cudaSuccess) {
         for (int i = 0; i < 2; i++) {
             p.words[i] = l->words[i];
@@ -589,6 +594,7 @@ extern "C" int trellis_cuda_moe(trellis_cuda_scratch **scratch, const trellis_cu
         p.x = b.zq;
         p.xa = b.za;
         p.xb = b.zb;
+        p.x_rows = n;
         e = trellis_mm_launch(l->fp4, l->K, cap, p, 2, G, s);
     }
     if (e == cudaSuccess) e = record(events, 2, s);
@@ -609,6 +615,7 @@ extern "C" int trellis_cuda_moe(trellis_cuda_scratch **scratch, const trellis_cu
         p.x = b.mq;
         p.xa = b.ma;
         p.xb = b.mb;
+        p.x_rows = P;
         e = trellis_mm_launch(l->fp4, l->K, cap, p, 1, G, s);
     }
     if (e == cudaSuccess) e = record(events, 4, s);

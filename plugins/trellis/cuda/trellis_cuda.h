@@ -65,20 +65,22 @@ int trellis_cuda_decode_tiles(int fp4, int K, const uint8_t *lut_host, const uin
                               int n_tiles, uint8_t *out, void *stream, char *msg, size_t size);
 
 /* The group the expert block's matmuls use for `pairs` (token, expert) pairs of `tokens`
- * tokens over `experts` experts: MM_GROUP_SMALL, _LARGE or _WIDE (mm.cuh). */
+ * tokens over `experts` experts: MM_GROUP_SMALL, _LARGE, _WIDE or _WIDER (mm.cuh). */
 int trellis_cuda_group(int tokens, long pairs, int experts);
 
 /* The expert matmul alone (the bench's GEMV and grouped GEMMs): y[e][m][rows] = g_e * a_m *
  * sum_k (B . C)_e[r][k] x_m[k] for n_experts matrices words[e] ([rows/16][cols/16][8K],
  * e-major) and m tokens per expert, x[e][m][cols] in kappa order with token scales a[e][m]
  * (law e2m1: block scales xb[e][m][cols/16] as f32 values, and lut[1024] its table on the
- * device). group: the kernel's tokens per group (8: the GEMV, 64: the grouped GEMM, 128: the
- * wide GEMM), or 0 for the one the expert block would pick at m tokens an expert. Queued, no
+ * device). group: the kernel's tokens per group (8: the GEMV, 64: the grouped GEMM, 128 or
+ * 256: the wide GEMM), or 0 for the one the expert block would pick at m tokens an expert.
+ * work: device scratch of trellis_cuda_matmul_work bytes (NULL where that is 0). Queued, no
  * wait. */
+size_t trellis_cuda_matmul_work(int n_experts, int cols, int m, int group);
 int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uint32_t *words,
                         const uint8_t *scales, const float *g, int n_experts, int rows,
                         int cols, const uint8_t *x, const float *a, const float *xb, int m,
-                        int group, float *y, void *stream, char *msg, size_t size);
+                        int group, void *work, float *y, void *stream, char *msg, size_t size);
 
 #ifdef __cplusplus
 }

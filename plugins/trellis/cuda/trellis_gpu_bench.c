@@ -280,11 +280,13 @@ static double matmul_error(const struct host_matrix *hm, int m, int group, cudaS
                                                                           (hm->fp4 ? 16 : 32));
     void *dg = dev_copy(&hm->g, 4), *dx = dev_copy(h.bytes, (size_t)m * cols),
          *da = dev_copy(h.a, (size_t)m * 4), *dxb = dev_copy(h.xb, (size_t)m * cols / 16 * 4),
-         *dl = dev_copy(lut, 1024), *dy;
+         *dl = dev_copy(lut, 1024), *dy, *work = NULL;
     CK(cudaMalloc(&dy, (size_t)m * rows * 4));
+    const size_t work_bytes = trellis_cuda_matmul_work(1, cols, m, group);
+    if (work_bytes) CK(cudaMalloc(&work, work_bytes));
     char msg[256];
     if (trellis_cuda_matmul(hm->fp4, hm->K, dl, dw, ds, dg, 1, rows, cols, dx, da, dxb, m, group,
-                            dy, s, msg, sizeof msg)) {
+                            work, dy, s, msg, sizeof msg)) {
         fprintf(stderr, "trellis-gpu-bench: %s\n", msg);
         exit(2);
     }
@@ -301,8 +303,8 @@ static double matmul_error(const struct host_matrix *hm, int m, int group, cudaS
             num += d * d;
             den += want * want;
         }
-    void *bufs[] = {dw, ds, dg, dx, da, dxb, dl, dy};
-    for (int i = 0; i < 8; i++) CK(cudaFree(bufs[i]));
+    void *bufs[] = {dw, ds, dg, dx, da, dxb, dl, dy, work};
+    for (int i = 0; i < 9; i++) CK(cudaFree(bufs[i]));
     acts_free(&h);
     free(x);
     free(q);
@@ -315,9 +317,9 @@ static void check_matmul(cudaStream_t s) {
     tprintf("\nfused matmul vs CPU (double), relative L2 error, tolerance %g:\n", MATMUL_TOL);
     /* Every kernel: tokens, and the group (0: the expert block's pick), full and partial groups,
      * several a matrix, and groups with whole warps of MMA columns left empty. */
-    enum { NC = 9 };
-    static const int tokens[NC] = {1, 8, 40, 67, 200, 40, 67, 200, 300};
-    static const int groups[NC] = {0, 0, 64, 64, 64, 128, 128, 128, 128};
+    enum { NC = 12 };
+    static const int tokens[NC] = {1, 8, 40, 67, 200, 40, 67, 200, 300, 40, 200, 300};
+    static const int groups[NC] = {0, 0, 64, 64, 64, 128, 128, 128, 128, 256, 256, 256};
     int first = 1;
     double worst = 0.0;
     for (int fp4 = 0; fp4 < 2; fp4++)
@@ -476,9 +478,10 @@ static void check_block(cudaStream_t s) {
     jprintf("\"expert_block\": {\"tolerance\": %g, \"cases\": [", BLOCK_TOL);
     tprintf("\ndevice_moe_experts vs host moe_experts (16 experts, latent 512, inter 1024, "
             "top 4), relative L2 error, tolerance %g:\n", BLOCK_TOL);
-    /* 300 tokens: 75 pairs an expert, two groups of each expert; 600: 150, the wide GEMM */
-    enum { NB = 5 };
-    static const int tokens[NB] = {1, 3, 40, 300, 600}, norms[NB] = {0, 1, 2, 1, 2};
+    /* 300 tokens: 75 pairs an expert, two groups of each expert; 600: 150, the wide GEMM;
+     * 1100: 275, its groups of 256 */
+    enum { NB = 6 };
+    static const int tokens[NB] = {1, 3, 40, 300, 600, 1100}, norms[NB] = {0, 1, 2, 1, 2, 1};
     static const char *const norm_name[3] = {"none", "F32", "BF16"};
     for (int fp4 = 0; fp4 < 2; fp4++) {
         struct host_layer *h = xmalloc(sizeof *h);
@@ -645,7 +648,7 @@ static double lt_block(cublasLtHandle_t lt, cudaDataType_t ab, int n, void *w, v
  * words a tile, from `words`) and block scales, up to m tokens an expert of E4M3 bytes with
  * unit block scales, g = a = 1/64, law e2m1's table (trellis_cuda_matmul's arguments). */
 struct mm_bufs {
-    void *w, *s, *g, *a, *x, *xb, *lut, *y;
+    void *w, *s, *g, *a, *x, *xb, *lut, *y, *work;
 };
 
 static struct mm_bufs mm_bufs_new(const uint32_t *words, int wpt, const uint8_t *scales, int m) {
@@ -659,9 +662,10 @@ static struct mm_bufs mm_bufs_new(const uint32_t *words, int wpt, const uint8_t 
     struct mm_bufs b = {dev_copy(words, mat / 256 * wpt * 4 * EXPERTS),
                         dev_copy(scales, mat / 16 * EXPERTS), dev_copy(g, sizeof g),
                         dev_copy(a, n * 4), dev_copy(x, n * SIDE), dev_copy(xb, n * SIDE / 16 * 4),
-                        NULL, NULL};
+                        NULL, NULL, NULL};
     CK(cudaMalloc(&b.lut, 1024));
     CK(cudaMalloc(&b.y, n * SIDE * 4));
+    CK(cudaMalloc(&b.work, trellis_cuda_matmul_work(EXPERTS, SIDE, m, 256)));
     free(a);
     free(xb);
     free(x);
@@ -669,8 +673,8 @@ static struct mm_bufs mm_bufs_new(const uint32_t *words, int wpt, const uint8_t 
 }
 
 static void mm_bufs_free(struct mm_bufs *b) {
-    void *bufs[] = {b->w, b->s, b->g, b->a, b->x, b->xb, b->lut, b->y};
-    for (int i = 0; i < 8; i++) CK(cudaFree(bufs[i]));
+    void *bufs[] = {b->w, b->s, b->g, b->a, b->x, b->xb, b->lut, b->y, b->work};
+    for (int i = 0; i < 9; i++) CK(cudaFree(bufs[i]));
 }
 
 /* Law fp4's table into b->lut. */
@@ -692,7 +696,7 @@ static double mm_time(const struct mm_bufs *b, int fp4, int K, int m, int group,
     for (int rep = -3; rep < REPS; rep++) {
         if (rep == 0) CK(cudaEventRecord(e0, s));
         if (trellis_cuda_matmul(fp4, K, b->lut, b->w, b->s, b->g, EXPERTS, SIDE, SIDE, b->x, b->a,
-                                b->xb, m, group, b->y, s, msg, sizeof msg)) {
+                                b->xb, m, group, b->work, b->y, s, msg, sizeof msg)) {
             fprintf(stderr, "trellis-gpu-bench: %s\n", msg);
             exit(2);
         }
@@ -734,15 +738,16 @@ static void sweep_k(const uint32_t *words, const uint8_t *scales, double copy_gb
 /* The matmul alone at K = 3 for each grouped kernel, m tokens an expert (`words` holds K = 3's
  * words a tile at least); what the expert block's choice of group rests on. */
 static void time_groups(const uint32_t *words, const uint8_t *scales, cudaStream_t s) {
-    enum { NM = 6, NG = 2, MMAX = 512 };
-    static const int tokens[NM] = {16, 32, 64, 128, 256, MMAX}, groups[NG] = {64, 128};
+    enum { NM = 6, NG = 3, MMAX = 512 };
+    static const int tokens[NM] = {16, 32, 64, 128, 256, MMAX}, groups[NG] = {64, 128, 256};
     const int K = 3;
     struct mm_bufs b = mm_bufs_new(words, 8 * K, scales, MMAX);
     jprintf(", \"matmul_groups\": {\"K\": 3, \"tokens_per_expert\": [");
     for (int i = 0; i < NM; i++) jprintf("%s%d", i ? ", " : "", tokens[i]);
-    jprintf("], \"groups\": [64, 128], \"ms\": {");
+    jprintf("], \"groups\": [64, 128, 256], \"ms\": {");
     tprintf("\nmatmul alone by group size, 8 experts x [%d][%d], K = 3: ms (group of the expert "
-            "block: *)\n  %-6s %6s %9s %9s\n", SIDE, SIDE, "law", "tokens", "64", "128");
+            "block: *)\n  %-6s %6s %9s %9s %9s\n", SIDE, SIDE, "law", "tokens", "64", "128",
+            "256");
     for (int fp4 = 0; fp4 < 2; fp4++) {
         mm_bufs_law(&b, fp4);
         jprintf("%s\"%s\": [", fp4 ? ", " : "", law_name(fp4));
