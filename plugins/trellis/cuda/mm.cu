@@ -19,8 +19,9 @@
  * barriers, its loads in batches (a chunk ahead they would not fit its registers), and is held
  * to 128 registers for 4 CTAs an SM. A group of 128 tokens in one warp's accumulators,
  * decoding each tile half as often, ran slower: 2 CTAs an SM hid the staging's loads worse.
- * The wide GEMM (mm_wide_kernel, below) gets there another way, two warps sharing each
- * decoded tile through shared memory (docs/perf/h200-codec.md). */
+ * The wide GEMM (mm_wide_kernel, below) gets there another way: 8 warps decode a chunk's
+ * tiles into shared memory once for 128 or 256 tokens and share them
+ * (docs/perf/h200-codec.md). */
 #include "decode.cuh"
 #include "mm.cuh"
 #include "trellis_cuda.h"
@@ -345,12 +346,15 @@ __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_param
     extern __shared__ __align__(16) uint32_t x_dyn[];       /* [chunk % 2][GT][WIDE_XW] */
     __shared__ uint8_t lut_s[FP4 ? TRELLIS_LUT : 1];
     __shared__ int row_s[GT];
+    __shared__ uint32_t off_s[GT]; /* where row_s[t] begins in x16, in words */
 
     mm_group grp;
     if (!group_of(p, blockIdx.y, GT, grp)) return;
     const int z = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, q = lane & 3, tiles_c = p.cols / 16, n_chunks = tiles_c / WIDE_KT;
     group_tables<FP4>(p, grp, GT, row_s, lut_s);
+    for (int t = threadIdx.x; t < grp.count; t += blockDim.x) /* row_s[t] is this thread's */
+        off_s[t] = (uint32_t)row_s[t] * (p.cols / 2);
 
     /* Decoding: tiles 2 dh, 2 dh + 1 of strip ds in every chunk, and their rows' scales (law
      * e4m3: one block, law e2m1: two). */
@@ -384,21 +388,22 @@ __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_param
     auto load_words = [&](int c) {
         load_chunk<K, 2>(w_s[c & 1][warp], wsrc + (size_t)c * NW, 2, lane);
     };
-    /* Copies: piece xj (16 bytes) of the chunk's words of tokens xt + 32 i; zeros for the
-     * tokens the group lacks. */
-    const int xj = threadIdx.x & 7, xt = threadIdx.x >> 3, xcol = wide_word(xt, 4 * xj);
+    /* Copies: piece xj (16 bytes) of the chunk's words of tokens xt + 32 i, from their rows'
+     * word offsets off_s. Tokens the group lacks are not copied: their rows of x_s hold
+     * whatever was there, which reaches only their own MMA columns, never stored. */
+    const int xj = threadIdx.x & 7, xt = threadIdx.x >> 3;
+    const uint32_t xs0 = (uint32_t)__cvta_generic_to_shared(x_dyn + xt * WIDE_XW +
+                                                            wide_word(xt, 4 * xj));
     auto load_x = [&](int c) {
-        uint32_t *dst = x_dyn + (c & 1) * GT * WIDE_XW;
+        const uint32_t dst = xs0 + (c & 1) * (GT * WIDE_XW * 4);
+        const uint32_t *src = p.x16 + c * WIDE_XW + 4 * xj;
 #pragma unroll
-        for (int i = 0; i < XP; i++) {
-            const int t = xt + 32 * i, r = row_s[t];
-            const uint32_t *src = p.x16 + (size_t)(r < 0 ? 0 : r) * (p.cols / 2) +
-                                  c * WIDE_XW + 4 * xj;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
-                             (uint32_t)__cvta_generic_to_shared(dst + t * WIDE_XW + xcol)),
-                         "l"(src), "r"(r < 0 ? 0 : 16)
-                         : "memory");
-        }
+        for (int i = 0; i < XP; i++)
+            if (xt + 32 * i < grp.count)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                                 dst + i * (32 * WIDE_XW * 4)),
+                             "l"(src + off_s[xt + 32 * i])
+                             : "memory");
     };
 
     __syncthreads(); /* row_s, lut_s */
@@ -446,8 +451,9 @@ __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_param
                 a[i >> 1][i & 1][3] = v.w;
             }
             const int col = wide_word(g, x_word(st, q));
-            /* Tokens the group lacks are zeros: testing for them per 16 keeps the branches
-             * out of the MMA sequence. */
+            /* Pairs of columns past the group's end are skipped (a test per 16 tokens keeps
+             * the branches out of the MMA sequence); within a pair, columns of tokens the
+             * group lacks are computed from whatever their rows hold and never stored. */
 #pragma unroll
             for (int n = 0; n < NC; n += 2) {
                 if (t0 + 8 * n >= grp.count) break;
@@ -518,6 +524,7 @@ static cudaError_t launch_ng(const mm_params &p, dim3 grid, cudaStream_t stream)
 template <int K, bool FP4, int GT>
 static cudaError_t launch_wide(const mm_params &p, dim3 grid, cudaStream_t stream) {
     static_assert(WIDE_THREADS == 2 * MM_WARPS * 32, "the grid has rows / 64 CTAs either way");
+    if ((size_t)p.x_rows * p.cols / 2 > UINT32_MAX) return cudaErrorInvalidValue; /* off_s */
     const long tiles = (long)p.x_rows * (p.cols / 16);
     stage_kernel<FP4><<<(unsigned)((tiles + 255) / 256), 256, 0, stream>>>(p);
     cudaError_t e = cudaGetLastError();
