@@ -319,13 +319,13 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
 
 /* The wide GEMM (groups of MM_GROUP_WIDE or MM_GROUP_WIDER tokens): a CTA of 8 warps computes
  * 64 rows (MM_WARPS strips) for the whole group and decodes each of their tiles once. A chunk
- * is 64 inputs (WIDE_KT tiles a strip); each warp decodes 2 of its 16 tiles into shared
- * memory, already times their block scales, and multiplies all of them into its warp tile of
- * 32 rows by GT / 4 tokens, so that each A fragment it loads feeds GT / 32 MMAs and each B
- * fragment two. A fragments and activations are double-buffered: the decode of chunk c + 1
- * and the MMAs of chunk c run between the same two barriers, and the activations, staged as
- * f16 B fragments in memory once per call (stage_kernel), come in by cp.async a chunk ahead
- * with the words. */
+ * is 64 inputs (WIDE_KT tiles a strip); each warp decodes 2 of the chunk's 16 tiles into
+ * shared memory, already times their block scales, and multiplies all of them into its warp
+ * tile of 32 rows by GT / 4 tokens, so that each A fragment it loads feeds GT / 32 MMAs and
+ * each B fragment two. A fragments and activations are double-buffered: the decode of chunk
+ * c + 1 and the MMAs of chunk c run between the same two barriers, and the activations, staged
+ * as f16 B fragments in memory once per call (stage_kernel), come in by cp.async a chunk
+ * ahead with the words. */
 #define WIDE_KT 4                 /* tiles of a strip a chunk: 64 inputs */
 #define WIDE_THREADS 256          /* 8 warps: two decode each strip's tiles */
 #define WIDE_XW (WIDE_KT * 8)     /* staged f16x2 words of a token a chunk: two steps */

@@ -2,9 +2,9 @@
  *
  *     route    pairs (token, expert) sorted into slots by expert, cut into groups   } 1 + n CTAs,
  *     input    z' = H(sign_latent_in . z), quantized per token (§7)                } one launch
- *     gate/up  g', u' = Q_gate act(z'), Q_up act(z')        mm_kernel, both in one launch
+ *     gate/up  g', u' = Q_gate act(z'), Q_up act(z')        mm.cu, both in one launch
  *     mid      m' = H(s_mid . silu(s_mid . H g') . (s_mid . H u')), quantized    CTA / slot
- *     down     y' = Q_down act(m')                                                mm_kernel
+ *     down     y' = Q_down act(m')                                                mm.cu
  *     output   rms(y'_j), with a post-norm only                                   CTA / slot
  *              out = (sign_latent_out . H(sum_j w_j y'_j / rms(y'_j))) . post
  *                                                          CTA / (token, 4 blocks of 128)
