@@ -373,6 +373,8 @@ __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_param
     const lane_window lw = lane_window_of<K>(lane);
     uint32_t sum[2];
     sum_bytes(sum, lane);
+    /* The warp's two tiles of chunk c into a_s[c & 1], times their rows' block scales (n0,
+     * n1: the scales' E4M3 bytes of rows g and g + 8). */
     auto decode = [&](int c, uint32_t n0, uint32_t n1) {
         const uint32_t s0[1] = {e4m3x2_to_f16x2(n0)}, s1[1] = {e4m3x2_to_f16x2(n1)};
         const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[c & 1][warp]);
@@ -678,10 +680,14 @@ extern "C" int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uin
                                    const float *xb, int m, int group, void *work, float *y,
                                    void *stream, char *msg, size_t size) {
     group = matmul_group(group, m, n_experts);
-    if (rows % 128 || cols % 128 || m < 1 || n_experts < 1 ||
-        (trellis_mm_x16_bytes(group, 1, cols) && !work)) {
-        snprintf(msg, size, "matmul: [%d][%d] x %d tokens of %d experts, group %d, work %p",
-                 rows, cols, m, n_experts, group, work);
+    if (rows % 128 || cols % 128 || m < 1 || n_experts < 1) {
+        snprintf(msg, size, "matmul: [%d][%d] x %d tokens of %d experts", rows, cols, m,
+                 n_experts);
+        return 1;
+    }
+    if (trellis_mm_x16_bytes(group, 1, cols) && !work) {
+        snprintf(msg, size, "matmul: groups of %d tokens need work (trellis_cuda_matmul_work)",
+                 group);
         return 1;
     }
     mm_params p = {};
