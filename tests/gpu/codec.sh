@@ -7,17 +7,14 @@
 #
 # BIN_DIR holds trellis-gpu-bench (a build with CUDA: cmake --build B --target
 # trellis-gpu-bench) and, where the machine lacks them, the shared libraries it needs
-# (libjansson.so.4); cuBLASLt is looked for in the CUDA toolkit and in the pip wheel.
+# (libjansson.so.4); cuBLASLt is looked for on the machine (tests/gpu/cublaslt.sh).
 set -eu
 bin=$1
 out=$2
 mkdir -p "$out"
-libs=$bin
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         "$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null || true)"; do
-    if [ -n "$d" ] && [ -e "$d/libcublasLt.so.13" ]; then libs=$libs:$d; fi
-done
-export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. "$(dirname "$0")/cublaslt.sh"
+lt=$(cublaslt_dir)
+export LD_LIBRARY_PATH="$bin${lt:+:$lt}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
     --format=csv | tee "$out/gpu.txt"
 "$bin/trellis-gpu-bench" "$out/h200-codec.json"

@@ -17,11 +17,9 @@ cd "$root"
 OUT=${OUT:-/tmp/tmx-gpu}
 mkdir -p "$OUT"
 bin=$root/.devbin
-lt=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-    [ -f "$d/libcublasLt.so.13" ] && { lt=$d; break; }
-done
-export LD_LIBRARY_PATH=$bin:$root/.devlibs:$lt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+. "$root/tests/gpu/cublaslt.sh"
+lt=$(cublaslt_dir)
+export LD_LIBRARY_PATH=$bin:$root/.devlibs${lt:+:$lt}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 log=$OUT/muse-mini.txt
 : > "$log"
 work=/tmp/muse-mini-builds

@@ -28,12 +28,9 @@ bin=$root/.devbin
 [ -x "$bin/tmx" ] || { echo "run.sh: .devbin/tmx missing: run tests/gpu/prepare.sh and carry .devbin" >&2; exit 1; }
 
 # cuBLASLt comes from the machine's toolkit (or its pip wheel): too large to carry.
-lt=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib*; do
-    [ -f "$d/libcublasLt.so.13" ] && { lt=$d; break; }
-done
-[ -n "$lt" ] || lt=$(dirname "$(find /usr /opt -name 'libcublasLt.so.13' -print -quit 2>/dev/null)")
-export LD_LIBRARY_PATH=$bin:$root/.devlibs:$lt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+. "$root/tests/gpu/cublaslt.sh"
+lt=$(cublaslt_dir)
+export LD_LIBRARY_PATH=$bin:$root/.devlibs${lt:+:$lt}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 echo "libcublasLt from: $lt"
 
 nvidia-smi | tee "$OUT/logs/gpu.txt"
