@@ -130,20 +130,24 @@ __device__ __forceinline__ void stage_tile(uint32_t *xs, int u, uint4 v, float x
     }
 }
 
-/* acc[j] += A B_j over the 32 inputs of a step (tiles a0, a1) for N columns of 8 tokens, B_j
- * the lane's fragments at x + 8 j stride. The N loads go first and each tile's N MMAs after,
- * so that no MMA waits for the one before it (same accumulator) or a load for an MMA to free
- * its registers. */
-template <int N>
-__device__ __forceinline__ void mma_step(float (*acc)[4], const uint32_t a0[4],
-                                         const uint32_t a1[4], const uint32_t *x, int stride) {
+/* acc[s][n + j] += A_s B_j over the 32 inputs of a step for S strips of 16 rows (the lane's A
+ * fragments a[s][tile] of its two tiles) and N columns of 8 tokens from column n, B_j the
+ * lane's fragments at x + 8 j stride. The N loads go first and the MMAs after, so that no MMA
+ * waits for the one before it (same accumulator) or a load for an MMA to free its registers;
+ * with two strips each B fragment feeds two MMAs. */
+template <int N, int S, int C>
+__device__ __forceinline__ void mma_step(float (*acc)[C][4], int n, const uint32_t (*a)[2][4],
+                                         const uint32_t *x, int stride) {
     uint4 b[N];
 #pragma unroll
     for (int j = 0; j < N; j++) b[j] = *reinterpret_cast<const uint4 *>(x + 8 * j * stride);
 #pragma unroll
-    for (int j = 0; j < N; j++) mma_f16(acc[j], a0, b[j].x, b[j].y);
+    for (int h = 0; h < 2; h++)
 #pragma unroll
-    for (int j = 0; j < N; j++) mma_f16(acc[j], a1, b[j].z, b[j].w);
+        for (int j = 0; j < N; j++)
+#pragma unroll
+            for (int s = 0; s < S; s++)
+                mma_f16(acc[s][n + j], a[s][h], h ? b[j].z : b[j].x, h ? b[j].w : b[j].y);
 }
 
 template <int K, bool FP4, int NG>
@@ -182,7 +186,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
      * chunk holds MM_CHUNK or MM_CHUNK / 2 tiles; nothing past a row's end is read. */
     const int n_chunks = (tiles_c + MM_CHUNK - 1) / MM_CHUNK;
     auto chunk_tiles = [&](int c) { return min(MM_CHUNK, tiles_c - c * MM_CHUNK); };
-    float acc[NG][4] = {};
+    float acc[1][NG][4] = {}; /* one strip */
     load_chunk<K>(w_s[0][warp], wsrc, chunk_tiles(0), lane); /* the warp's own piece */
     uint32_t sn0[SW], sn1[SW]; /* block scale bytes of rows g, g + 8 for the next chunk */
     auto load_scales = [&](int c) {
@@ -290,8 +294,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
 #pragma unroll
             for (int n = 0; n < NG; n += N) {
                 if (n && 8 * n >= grp.count) break; /* no tokens left in the group */
-                mma_step<N>(acc + n, a[0], a[1], xq + 8 * n * X16_STRIDE + x_word(st, q),
-                            X16_STRIDE);
+                mma_step<N, 1>(acc, n, &a, xq + 8 * n * X16_STRIDE + x_word(st, q), X16_STRIDE);
             }
         };
 #pragma unroll
@@ -312,8 +315,8 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
             if (t >= grp.count) continue;
             const float s = gs * p.xa[row_s[t]];
             float *y = p.y[z] + (size_t)(grp.first + t) * p.rows;
-            y[r0] = acc[n][i] * s;
-            y[r0 + 8] = acc[n][2 + i] * s;
+            y[r0] = acc[0][n][i] * s;
+            y[r0 + 8] = acc[0][n][2 + i] * s;
         }
 }
 
@@ -454,26 +457,14 @@ __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_param
                 a[i >> 1][i & 1][3] = v.w;
             }
             const int col = wide_word(g, x_word(st, q));
-            /* CW columns at a time: their B fragments loaded first, then the MMAs of 2 CW
-             * accumulators (groups of 256 took 3% less time by 4 than by 2, groups of 128 12%
-             * more). Sets of columns past the group's end are skipped (a test per 8 CW tokens
-             * keeps the branches out of the MMA sequence); columns of tokens the group lacks
-             * are computed from whatever their rows hold and never stored. */
+            /* CW columns a step (groups of 256 took 3% less time by 4 than by 2, groups of 128
+             * 12% more). Sets of columns past the group's end are skipped (a test per 8 CW
+             * tokens keeps the branches out of the MMA sequence); columns of tokens the group
+             * lacks are computed from whatever their rows hold and never stored. */
 #pragma unroll
             for (int n = 0; n < NC; n += CW) {
                 if (t0 + 8 * n >= grp.count) break;
-                uint4 b[CW];
-#pragma unroll
-                for (int j = 0; j < CW; j++)
-                    b[j] = *reinterpret_cast<const uint4 *>(xq + 8 * (n + j) * WIDE_XW + col);
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int j = 0; j < CW; j++)
-#pragma unroll
-                        for (int s = 0; s < 2; s++)
-                            mma_f16(acc[s][n + j], a[s][h], h ? b[j].z : b[j].x,
-                                    h ? b[j].w : b[j].y);
+                mma_step<CW, 2>(acc, n, a, xq + 8 * n * WIDE_XW + col, WIDE_XW);
             }
         }
     }
