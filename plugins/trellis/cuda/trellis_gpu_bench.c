@@ -312,55 +312,50 @@ static double matmul_error(const struct host_matrix *hm, int m, int group, cudaS
     return sqrt(num / den);
 }
 
-static void check_matmul(cudaStream_t s) {
-    jprintf("\"matmul\": {\"tolerance\": %g, \"cases\": [", MATMUL_TOL);
-    tprintf("\nfused matmul vs CPU (double), relative L2 error, tolerance %g:\n", MATMUL_TOL);
+/* The matmul's error on hm at every case (printed when `print`), into the JSON list (*first:
+ * none written yet) and *worst; frees hm's arrays. */
+static void matmul_cases(struct host_matrix *hm, const char *data, int print, int *first,
+                         double *worst, cudaStream_t s) {
     /* Every kernel: tokens, and the group (0: the expert block's pick), full and partial groups,
      * several a matrix, and groups with whole warps of MMA columns left empty. */
     enum { NC = 12 };
     static const int tokens[NC] = {1, 8, 40, 67, 200, 40, 67, 200, 300, 40, 200, 300};
     static const int groups[NC] = {0, 0, 64, 64, 64, 128, 128, 128, 128, 256, 256, 256};
+    for (int i = 0; i < NC; i++) {
+        const double err = matmul_error(hm, tokens[i], groups[i], s);
+        *worst = err > *worst ? err : *worst;
+        failures += !(err <= MATMUL_TOL);
+        jprintf("%s{\"law\": \"%s\", \"K\": %d, \"data\": \"%s\", \"rows\": %d, \"cols\": %d, "
+                "\"tokens\": %d, \"group\": %d, \"rel_err\": %.3e}",
+                *first ? "" : ", ", law_name(hm->fp4), hm->K, data, hm->rows, hm->cols,
+                tokens[i], groups[i], err);
+        *first = 0;
+        if (print)
+            tprintf("  %s K%d %-7s %dx%d, %3d tokens, group %3d: %.2e%s\n", law_name(hm->fp4),
+                    hm->K, data, hm->rows, hm->cols, tokens[i], groups[i], err,
+                    err <= MATMUL_TOL ? "" : "  FAIL");
+    }
+    free(hm->words);
+    free(hm->scales);
+}
+
+static void check_matmul(cudaStream_t s) {
+    jprintf("\"matmul\": {\"tolerance\": %g, \"cases\": [", MATMUL_TOL);
+    tprintf("\nfused matmul vs CPU (double), relative L2 error, tolerance %g:\n", MATMUL_TOL);
     int first = 1;
     double worst = 0.0;
     for (int fp4 = 0; fp4 < 2; fp4++)
         for (int K = 1; K <= TMX_TRELLIS_K_MAX; K++) { /* K = 1: the encoded matrix at K = 3 */
             struct host_matrix hm = K == 1 ? encoded_matrix(fp4, 3, 128, 256)
                                            : random_matrix(fp4, K, 512, 1024);
-            for (int i = 0; i < NC; i++) {
-                const double err = matmul_error(&hm, tokens[i], groups[i], s);
-                worst = err > worst ? err : worst;
-                failures += !(err <= MATMUL_TOL);
-                jprintf("%s{\"law\": \"%s\", \"K\": %d, \"data\": \"%s\", \"rows\": %d, "
-                        "\"cols\": %d, \"tokens\": %d, \"group\": %d, \"rel_err\": %.3e}",
-                        first ? "" : ", ", law_name(fp4), hm.K, K == 1 ? "viterbi" : "random",
-                        hm.rows, hm.cols, tokens[i], groups[i], err);
-                first = 0;
-                if (K == 1 || K == 3)
-                    tprintf("  %s K%d %-7s %dx%d, %3d tokens, group %3d: %.2e%s\n",
-                            law_name(fp4), hm.K, K == 1 ? "viterbi" : "random", hm.rows,
-                            hm.cols, tokens[i], groups[i], err, err <= MATMUL_TOL ? "" : "  FAIL");
-            }
-            free(hm.words);
-            free(hm.scales);
+            matmul_cases(&hm, K == 1 ? "viterbi" : "random", K == 1 || K == 3, &first, &worst, s);
         }
     /* rows of fewer than 256 inputs, and a short last chunk after a full one */
     static const int short_shape[2][2] = {{128, 128}, {128, 384}};
     for (int fp4 = 0; fp4 < 2; fp4++)
         for (int sh = 0; sh < 2; sh++) {
             struct host_matrix hm = random_matrix(fp4, 3, short_shape[sh][0], short_shape[sh][1]);
-            for (int i = 0; i < NC; i++) {
-                const double err = matmul_error(&hm, tokens[i], groups[i], s);
-                worst = err > worst ? err : worst;
-                failures += !(err <= MATMUL_TOL);
-                jprintf(", {\"law\": \"%s\", \"K\": 3, \"data\": \"random\", \"rows\": %d, "
-                        "\"cols\": %d, \"tokens\": %d, \"group\": %d, \"rel_err\": %.3e}",
-                        law_name(fp4), hm.rows, hm.cols, tokens[i], groups[i], err);
-                tprintf("  %s K3 random  %dx%d, %3d tokens, group %3d: %.2e%s\n",
-                        law_name(fp4), hm.rows, hm.cols, tokens[i], groups[i], err,
-                        err <= MATMUL_TOL ? "" : "  FAIL");
-            }
-            free(hm.words);
-            free(hm.scales);
+            matmul_cases(&hm, "random", 1, &first, &worst, s);
         }
     jprintf("], \"worst\": %.3e},\n", worst);
     tprintf("  worst over both laws, K = 2..6, every case: %.2e\n", worst);
