@@ -110,24 +110,33 @@ __device__ __forceinline__ int x_word(int st, int q) {
     return st * 16 + q * 4;
 }
 
-/* Stages token row xs (f16, x_word's layout) for tile u of a chunk from the tile's 16 kappa
- * bytes v; law e2m1 multiplies them by their block scale xb. */
+/* The f16 B fragments of a tile from its 16 kappa bytes v, b0[q] and b1[q] for the lanes with
+ * q = lane % 4 (inputs 2q, 2q + 1 and 2q + 8, 2q + 9 of the tile's lambda order); law e2m1
+ * multiplies them by their block scale xb. */
 template <bool FP4>
-__device__ __forceinline__ void stage_tile(uint32_t *xs, int u, uint4 v, float xb) {
+__device__ __forceinline__ void tile_fragments(uint4 v, float xb, uint32_t (&b0)[4],
+                                               uint32_t (&b1)[4]) {
     const uint4 n = lambda_words(v);
     const uint32_t w[4] = {n.x, n.y, n.z, n.w};
     const __half2 s = __float2half2_rn(xb);
 #pragma unroll
-    for (int i = 0; i < 4; i++) { /* lambda word q = i of the tile: b0 = low half */
-        uint32_t b0, b1;
-        e4m3x4_to_f16x2(w[i], b0, b1);
+    for (int i = 0; i < 4; i++) {
+        e4m3x4_to_f16x2(w[i], b0[i], b1[i]);
         if (FP4) {
-            b0 = h2_mul(b0, s);
-            b1 = h2_mul(b1, s);
+            b0[i] = h2_mul(b0[i], s);
+            b1[i] = h2_mul(b1[i], s);
         }
-        *reinterpret_cast<uint2 *>(&xs[x_word(u >> 1, i) + (u & 1) * 2]) =
-            make_uint2(b0, b1);
     }
+}
+
+/* Stages tile u of a chunk into token row xs (f16, x_word's layout). */
+template <bool FP4>
+__device__ __forceinline__ void stage_tile(uint32_t *xs, int u, uint4 v, float xb) {
+    uint32_t b0[4], b1[4];
+    tile_fragments<FP4>(v, xb, b0, b1);
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        *reinterpret_cast<uint2 *>(&xs[x_word(u >> 1, q) + (u & 1) * 2]) = make_uint2(b0[q], b1[q]);
 }
 
 /* acc[s][n + j] += A_s B_j over the 32 inputs of a step for S strips of 16 rows (the lane's A
@@ -320,34 +329,118 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
         }
 }
 
-/* The wide GEMM (groups of MM_GROUP_WIDE or MM_GROUP_WIDER tokens): a CTA of 8 warps computes
- * 64 rows (MM_WARPS strips) for the whole group and decodes each of their tiles once. A chunk
- * is 64 inputs (WIDE_KT tiles a strip); each warp decodes 2 of the chunk's 16 tiles into
- * shared memory, already times their block scales, and multiplies all of them into its warp
- * tile of 32 rows by GT / 4 tokens, so that each A fragment it loads feeds GT / 32 MMAs and
- * each B fragment two. A fragments and activations are double-buffered: the decode of chunk
- * c + 1 and the MMAs of chunk c run between the same two barriers, and the activations, staged
- * as f16 B fragments in memory once per call (stage_kernel), come in by cp.async a chunk
- * ahead with the words. */
-#define WIDE_KT 4                 /* tiles of a strip a chunk: 64 inputs */
-#define WIDE_THREADS 256          /* 8 warps: two decode each strip's tiles */
-#define WIDE_XW (WIDE_KT * 8)     /* staged f16x2 words of a token a chunk: two steps */
+/* The wide GEMM (groups of MM_GROUP_WIDE or MM_GROUP_WIDER tokens): a CTA computes
+ * WIDE_STRIPS strips of 16 rows for the whole group and decodes each of their tiles once. A
+ * chunk is 64 inputs (WIDE_KT tiles a strip); two warps a strip each decode 2 of its tiles into
+ * shared memory, already times their block scales (a_s: the A fragments of m16n8k16 products).
+ * A fragments and activations are double-buffered, one barrier a chunk; the activations,
+ * staged as f16 in memory once per call (stage_kernel), come in by cp.async a chunk ahead with
+ * the words. Two forms multiply them:
+ *
+ * - mma.sync (any sm_80 on; Blackwell's sm_120a runs it): 4 strips, 8 warps; each warp
+ *   multiplies all 16 tiles into its warp tile of 32 rows by GT / 4 tokens, so that each A
+ *   fragment it loads feeds GT / 32 MMAs and each B fragment two; the decode of chunk c + 1
+ *   comes first, then the MMAs of chunk c.
+ * - wgmma (Hopper, sm_90a): 8 strips, 16 warps, so that the activations, which every CTA of a
+ *   group reads, come in half as often (measured 12% faster than 4 strips at 256-512 tokens an
+ *   expert). Warpgroup h (warps 4h..4h + 3) multiplies strips 4 (h & 1) on by the GT / 2 tokens
+ *   from GT / 2 (h >> 1) on, warp w of it giving its strip's A fragments from registers (the
+ *   m16n8k16 layout a_s holds is wgmma's A layout for a warp's 16 rows) and the tensor cores
+ *   reading the activations straight from shared memory (B, K-major with the 128-byte swizzle:
+ *   a token's 64 inputs of a chunk are one 128-byte row whose 16-byte pieces are XORed by token
+ *   % 8). The wgmmas of chunk c are issued first and run while the warps decode chunk c + 1;
+ *   the warps issue no MMA or B load. */
+#define WIDE_KT 4                  /* tiles of a strip a chunk: 64 inputs */
+#define WIDE_STRIPS(wg) ((wg) ? 8 : 4)
+#define WIDE_XW (WIDE_KT * 8)      /* staged f16x2 words of a token a chunk: two steps */
 
-/* The staged activations of a token take WIDE_XW words of shared memory with no padding; odd
- * tokens swap their two steps, so that the 8 lanes of a quarter-warp's B loads (two tokens,
- * the same step) cover all 32 banks. */
+/* mma.sync: the staged activations of a token take WIDE_XW words of shared memory with no
+ * padding; odd tokens swap their two steps, so that the 8 lanes of a quarter-warp's B loads
+ * (two tokens, the same step) cover all 32 banks. */
 __device__ __forceinline__ int wide_word(int t, int w) {
     return w ^ (t & 1) << 4;
 }
 
-template <int K, bool FP4, int GT>
-__global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_params p) {
-    constexpr int NW = 8 * K, BLOCK = FP4 ? 16 : 32, NC = GT / 32; /* MMA columns a warp */
-    constexpr int XP = GT * WIDE_XW / 4 / WIDE_THREADS;          /* 16-byte copies a thread */
-    constexpr int CW = GT == MM_GROUP_WIDER ? 4 : 2; /* MMA columns a step loads at once */
-    __shared__ uint4 w_s[2][WIDE_THREADS / 32][2 * NW / 4]; /* [chunk % 2][warp][2 tiles' words] */
-    __shared__ uint4 a_s[2][MM_WARPS][WIDE_KT][32];         /* [chunk % 2][strip][tile][lane] */
-    extern __shared__ __align__(16) uint32_t x_dyn[];       /* [chunk % 2][GT][WIDE_XW] */
+/* wgmma: word w (k order, 2 inputs) of token t's 128-byte row, its 16-byte piece swizzled. */
+__device__ __forceinline__ int wgmma_word(int t, int w) {
+    return w ^ (t & 7) << 2;
+}
+
+/* A wgmma descriptor of the K-major B operand at shared address `at` (1024-byte aligned):
+ * 128-byte swizzle (mode 1 in bits 62-63), 8-row groups 1024 bytes apart (the stride, bits
+ * 32-45, in 16 bytes); the leading offset is unused with this swizzle (1). Adding 2 moves it
+ * 16 inputs (32 bytes) along K. */
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t at) {
+    return (uint64_t)((at & 0x3FFFF) >> 4) | 1ull << 16 | 64ull << 32 | 1ull << 62;
+}
+
+#define WG_ACC8(d, i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define WG_ACC32(d, i) WG_ACC8(d, i), WG_ACC8(d, i + 1), WG_ACC8(d, i + 2), WG_ACC8(d, i + 3), \
+    WG_ACC8(d, i + 4), WG_ACC8(d, i + 5), WG_ACC8(d, i + 6), WG_ACC8(d, i + 7)
+
+/* d += A B for one wgmma m64nNk16, f16 in, FP32 accumulators: A the warp's m16n8k16 fragment
+ * a[4] of its 16 rows, B the N tokens x 16 inputs at desc; d[N / 8][4] in the m16n8k16 C layout
+ * for each 8 tokens. Asynchronous: a and d stay untouched until wgmma_wait. */
+template <int N>
+__device__ __forceinline__ void wgmma(float (&d)[N / 8][4], const uint32_t (&a)[4],
+                                      uint64_t desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(N == 64 || N == 128, "the wide GEMM's warpgroups take 64 or 128 tokens");
+    if constexpr (N == 64)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, "
+                     "%5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, "
+                     "%35}, %36, 1, 1, 1, 0;"
+                     : WG_ACC32(d, 0)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    else
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, "
+                     "%5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+                     "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, "
+                     "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, "
+                     "%65, %66, %67}, %68, 1, 1, 1, 0;"
+                     : WG_ACC32(d, 0), WG_ACC32(d, 8)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#else
+    __trap(); /* launch_wide runs the wgmma form on sm_90 only */
+#endif
+}
+
+/* The warpgroup's wgmma steps: fence (registers written before are visible to them), commit
+ * (the steps issued since form a group), wait (all groups done, registers free). */
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait(float (&d)[N / 8][4]) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.wait_group.sync.aligned 0;" : WG_ACC32(d, 0) :: "memory");
+    if constexpr (N == 128) asm volatile("" : WG_ACC32(d, 8) :: "memory");
+#endif
+}
+
+template <int K, bool FP4, int GT, bool WG>
+__global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
+    mm_wide_kernel(const mm_params p) {
+    constexpr int NW = 8 * K, BLOCK = FP4 ? 16 : 32, STRIPS = WIDE_STRIPS(WG);
+    constexpr int THREADS = STRIPS * 64, XT = THREADS / 8; /* tokens a round of copies */
+    constexpr int XP = GT / XT;                             /* 16-byte copies a thread */
+    /* A warp's accumulators: S strips of 16 rows by NC columns of 8 tokens (mma.sync: 32 rows
+     * by GT / 4 tokens; wgmma: 16 rows by GT / 2 tokens, the warpgroup's) */
+    constexpr int S = WG ? 1 : 2, NC = WG ? GT / 16 : GT / 32;
+    constexpr int CW = GT == MM_GROUP_WIDER ? 4 : 2; /* mma.sync: MMA columns a step loads */
+    __shared__ uint4 w_s[2][THREADS / 32][2 * NW / 4]; /* [chunk % 2][warp][2 tiles' words] */
+    __shared__ uint4 a_s[2][STRIPS][WIDE_KT][32];      /* [chunk % 2][strip][tile][lane] */
+    /* [chunk % 2][GT][WIDE_XW] from a 1024-byte boundary (the swizzle's) on, x_smem_wide */
+    extern __shared__ __align__(16) uint32_t x_dyn[];
     __shared__ uint8_t lut_s[FP4 ? TRELLIS_LUT : 1];
     __shared__ int row_s[GT];
     __shared__ uint32_t off_s[GT]; /* where row_s[t] begins in x16, in words */
@@ -356,13 +449,15 @@ __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_param
     if (!group_of(p, blockIdx.y, GT, grp)) return;
     const int z = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, q = lane & 3, tiles_c = p.cols / 16, n_chunks = tiles_c / WIDE_KT;
+    const uint32_t x_at = ((uint32_t)__cvta_generic_to_shared(x_dyn) + 1023u) & ~1023u;
+    uint32_t *x_s = x_dyn + (x_at - (uint32_t)__cvta_generic_to_shared(x_dyn)) / 4;
     group_tables<FP4>(p, grp, GT, row_s, lut_s);
     for (int t = threadIdx.x; t < grp.count; t += blockDim.x) /* row_s[t] is this thread's */
         off_s[t] = (uint32_t)row_s[t] * (p.cols / 2);
 
     /* Decoding: tiles 2 dh, 2 dh + 1 of strip ds in every chunk, and their rows' scales (law
      * e4m3: one block, law e2m1: two). */
-    const int ds = warp >> 1, dh = warp & 1, strip = blockIdx.x * MM_WARPS + ds;
+    const int ds = warp >> 1, dh = warp & 1, strip = blockIdx.x * STRIPS + ds;
     const uint4 *wsrc = reinterpret_cast<const uint4 *>(
         p.words[z] + (((size_t)grp.expert * (p.rows / 16) + strip) * tiles_c + 2 * dh) * NW);
     const int spr = p.cols / BLOCK;
@@ -394,21 +489,21 @@ __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_param
     auto load_words = [&](int c) {
         load_chunk<K, 2>(w_s[c & 1][warp], wsrc + (size_t)c * NW, 2, lane);
     };
-    /* Copies: piece xj (16 bytes) of the chunk's words of tokens xt + 32 i, from their rows'
+    /* Copies: piece xj (16 bytes) of the chunk's words of tokens xt + XT i, from their rows'
      * word offsets off_s. Tokens the group lacks are not copied: their rows of x_s hold
      * whatever was there, which reaches only their own MMA columns, never stored. */
     const int xj = threadIdx.x & 7, xt = threadIdx.x >> 3;
-    const uint32_t xs0 = (uint32_t)__cvta_generic_to_shared(x_dyn + xt * WIDE_XW +
-                                                            wide_word(xt, 4 * xj));
+    const uint32_t xs0 =
+        x_at + 4 * (xt * WIDE_XW + (WG ? wgmma_word(xt, 4 * xj) : wide_word(xt, 4 * xj)));
     auto load_x = [&](int c) {
         const uint32_t dst = xs0 + (c & 1) * (GT * WIDE_XW * 4);
         const uint32_t *src = p.x16 + c * WIDE_XW + 4 * xj;
 #pragma unroll
         for (int i = 0; i < XP; i++)
-            if (xt + 32 * i < grp.count)
+            if (xt + XT * i < grp.count)
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                                 dst + i * (32 * WIDE_XW * 4)),
-                             "l"(src + off_s[xt + 32 * i])
+                                 dst + i * (XT * WIDE_XW * 4)),
+                             "l"(src + off_s[xt + XT * i])
                              : "memory");
     };
 
@@ -426,12 +521,36 @@ __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_param
         n1 = scale_bytes(sc1, 1);
     }
 
-    /* The MMAs: strips 2 rh, 2 rh + 1, tokens GT / 4 tq on. */
-    const int rh = warp & 1, tq = warp >> 1, t0 = GT / 4 * tq;
-    float acc[2][NC][4] = {};
+    /* The warp's accumulators: strips rs + s, tokens t0 on (wgmma: warpgroup h has strips
+     * 4 (h & 1) on and tokens GT / 2 (h >> 1) on). */
+    const int h = warp >> 2;
+    const int rs = WG ? 4 * (h & 1) + (warp & 3) : 2 * (warp & 1);
+    const int t0 = WG ? GT / 2 * (h >> 1) : GT / 4 * (warp >> 1);
+    const bool wg_any = t0 < grp.count; /* wgmma: the warpgroup has tokens */
+    float acc[S][NC][4] = {};
     for (int c = 0; c < n_chunks; c++) {
         asm volatile("cp.async.wait_group 0;" ::: "memory");
+        if (WG) /* the copies are read next by the tensor cores (the async proxy) */
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads(); /* chunk c's activations and A fragments; chunk c - 1 is consumed */
+        if constexpr (WG) {
+            if (wg_any) {
+                uint32_t a[WIDE_KT][4];
+#pragma unroll
+                for (int u = 0; u < WIDE_KT; u++) {
+                    const uint4 v = a_s[c & 1][rs][u][lane];
+                    a[u][0] = v.x;
+                    a[u][1] = v.y;
+                    a[u][2] = v.z;
+                    a[u][3] = v.w;
+                }
+                const uint64_t desc = wgmma_desc(x_at + ((c & 1) * GT + t0) * WIDE_XW * 4);
+                wgmma_fence();
+#pragma unroll
+                for (int u = 0; u < WIDE_KT; u++) wgmma<GT / 2>(acc[0], a[u], desc + 2 * u);
+                wgmma_commit();
+            }
+        }
         if (c + 1 < n_chunks) {
             load_x(c + 1);
             if (c + 2 < n_chunks)
@@ -444,13 +563,17 @@ __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_param
                 n1 = scale_bytes(sc1, c + 2);
             }
         }
-        const uint32_t *xq = x_dyn + ((c & 1) * GT + t0 + g) * WIDE_XW;
+        if constexpr (WG) {
+            wgmma_wait<GT / 2>(acc[0]);
+            continue;
+        }
+        const uint32_t *xq = x_s + ((c & 1) * GT + t0 + g) * WIDE_XW;
 #pragma unroll
         for (int st = 0; st < WIDE_KT / 2; st++) { /* 32 inputs: tiles 2st, 2st + 1 */
             uint32_t a[2][2][4]; /* [strip][tile] */
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const uint4 v = a_s[c & 1][2 * rh + (i >> 1)][2 * st + (i & 1)][lane];
+                const uint4 v = a_s[c & 1][rs + (i >> 1)][2 * st + (i & 1)][lane];
                 a[i >> 1][i & 1][0] = v.x;
                 a[i >> 1][i & 1][1] = v.y;
                 a[i >> 1][i & 1][2] = v.z;
@@ -471,8 +594,8 @@ __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_param
 
     const float gs = p.g[z][grp.expert];
 #pragma unroll
-    for (int s = 0; s < 2; s++) {
-        const int r0 = 16 * (blockIdx.x * MM_WARPS + 2 * rh + s) + g;
+    for (int s = 0; s < S; s++) {
+        const int r0 = 16 * (blockIdx.x * STRIPS + rs + s) + g;
 #pragma unroll
         for (int n = 0; n < NC; n++)
 #pragma unroll
@@ -487,9 +610,11 @@ __global__ void __launch_bounds__(WIDE_THREADS, 2) mm_wide_kernel(const mm_param
     }
 }
 
-/* x16[r] <- row r of x as the wide GEMM's B fragments: f16 in x_word's order along the whole
- * row, law e2m1's already times their block scales. A thread per tile of a row. */
-template <bool FP4>
+/* x16[r] <- row r of x as the wide GEMM's B operand: f16, law e2m1's already times their block
+ * scales; mma.sync's in x_word's order along the whole row, wgmma's in k order (a tile's
+ * inputs as its B fragments number them: word j of tile u = b0 of q = j, then the b1). A
+ * thread per tile of a row. */
+template <bool FP4, bool WG>
 __global__ void stage_kernel(const mm_params p) {
     const int tiles = p.cols / 16;
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -497,7 +622,17 @@ __global__ void stage_kernel(const mm_params p) {
     const long r = i / tiles;
     const int u = (int)(i % tiles);
     const uint4 v = reinterpret_cast<const uint4 *>(p.x + r * p.cols)[u];
-    stage_tile<FP4>(p.x16 + r * (p.cols / 2), u, v, FP4 ? p.xb[r * tiles + u] : 0.0f);
+    const float xb = FP4 ? p.xb[r * tiles + u] : 0.0f;
+    uint32_t *xs = p.x16 + r * (p.cols / 2);
+    if (WG) {
+        uint32_t b0[4], b1[4];
+        tile_fragments<FP4>(v, xb, b0, b1);
+        uint4 *t = reinterpret_cast<uint4 *>(xs + 8 * u);
+        t[0] = make_uint4(b0[0], b0[1], b0[2], b0[3]);
+        t[1] = make_uint4(b1[0], b1[1], b1[2], b1[3]);
+    } else {
+        stage_tile<FP4>(xs, u, v, xb);
+    }
 }
 
 /* One group size's kernel with its dynamic shared memory. With the static part it passes the
@@ -516,30 +651,46 @@ static cudaError_t launch_ng(const mm_params &p, dim3 grid, cudaStream_t stream)
 }
 
 /* The wide GEMM: the activations staged as f16 first, then the GEMM, whose double-buffered
- * activations (32 or 64 KB) pass the 48 KB default with its 20-27 KB of static shared memory. */
-template <int K, bool FP4, int GT>
+ * activations (32 or 64 KB, and 1 KB to align them) pass the 48 KB default with its 20-27 KB
+ * of static shared memory. */
+template <int K, bool FP4, int GT, bool WG>
 static cudaError_t launch_wide(const mm_params &p, dim3 grid, cudaStream_t stream) {
-    static_assert(WIDE_THREADS == 2 * MM_WARPS * 32, "the grid has rows / 64 CTAs either way");
     if ((size_t)p.x_rows * p.cols / 2 > UINT32_MAX) return cudaErrorInvalidValue; /* off_s */
     const long tiles = (long)p.x_rows * (p.cols / 16);
-    stage_kernel<FP4><<<(unsigned)((tiles + 255) / 256), 256, 0, stream>>>(p);
+    stage_kernel<FP4, WG><<<(unsigned)((tiles + 255) / 256), 256, 0, stream>>>(p);
     cudaError_t e = cudaGetLastError();
-    const size_t smem = (size_t)2 * GT * WIDE_XW * sizeof(uint32_t);
+    const size_t smem = (size_t)2 * GT * WIDE_XW * sizeof(uint32_t) + 1024;
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(mm_wide_kernel<K, FP4, GT>,
+        e = cudaFuncSetAttribute(mm_wide_kernel<K, FP4, GT, WG>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    mm_wide_kernel<K, FP4, GT><<<grid, WIDE_THREADS, smem, stream>>>(p);
+    const dim3 cta_grid(p.rows / (16 * WIDE_STRIPS(WG)), grid.y, grid.z);
+    mm_wide_kernel<K, FP4, GT, WG><<<cta_grid, WIDE_STRIPS(WG) * 64, smem, stream>>>(p);
     return cudaGetLastError();
+}
+
+/* Whether the wide GEMM takes its wgmma form: on Hopper (sm_90a code), unless asked for the
+ * mma.sync form (TRELLIS_CUDA_MMA_SYNC). */
+static bool wide_wgmma(int group) {
+    int dev = 0, major = 0;
+    return !(group & TRELLIS_CUDA_MMA_SYNC) && cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
+               cudaSuccess &&
+           major == 9;
 }
 
 template <int K, bool FP4>
 static cudaError_t launch_k(int group, const mm_params &p, dim3 grid, cudaStream_t stream) {
-    switch (group) {
+    const bool wg = wide_wgmma(group);
+    switch (group & ~TRELLIS_CUDA_MMA_SYNC) {
     case MM_GROUP_SMALL: return launch_ng<K, FP4, MM_GROUP_SMALL / 8>(p, grid, stream);
     case MM_GROUP_LARGE: return launch_ng<K, FP4, MM_GROUP_LARGE / 8>(p, grid, stream);
-    case MM_GROUP_WIDE: return launch_wide<K, FP4, MM_GROUP_WIDE>(p, grid, stream);
-    case MM_GROUP_WIDER: return launch_wide<K, FP4, MM_GROUP_WIDER>(p, grid, stream);
+    case MM_GROUP_WIDE:
+        return wg ? launch_wide<K, FP4, MM_GROUP_WIDE, true>(p, grid, stream)
+                  : launch_wide<K, FP4, MM_GROUP_WIDE, false>(p, grid, stream);
+    case MM_GROUP_WIDER:
+        return wg ? launch_wide<K, FP4, MM_GROUP_WIDER, true>(p, grid, stream)
+                  : launch_wide<K, FP4, MM_GROUP_WIDER, false>(p, grid, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -657,7 +808,9 @@ extern "C" int trellis_cuda_group(int tokens, long pairs, int experts) {
     return pairs < (long)MM_WIDER_FROM * experts ? MM_GROUP_WIDE : MM_GROUP_WIDER;
 }
 
+/* The group's size (its tokens), TRELLIS_CUDA_MMA_SYNC aside. */
 static int matmul_group(int group, int m, int n_experts) {
+    group &= ~TRELLIS_CUDA_MMA_SYNC;
     return group ? group : trellis_cuda_group(m, (long)m * n_experts, n_experts);
 }
 
@@ -670,6 +823,7 @@ extern "C" int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uin
                                    int rows, int cols, const uint8_t *x, const float *a,
                                    const float *xb, int m, int group, void *work, float *y,
                                    void *stream, char *msg, size_t size) {
+    const int form = group & TRELLIS_CUDA_MMA_SYNC;
     group = matmul_group(group, m, n_experts);
     if (rows % 128 || cols % 128 || m < 1 || n_experts < 1) {
         snprintf(msg, size, "matmul: [%d][%d] x %d tokens of %d experts", rows, cols, m,
@@ -695,7 +849,8 @@ extern "C" int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uin
     p.lut = lut;
     p.x16 = static_cast<uint32_t *>(work);
     p.x_rows = n_experts * m;
-    return failed(trellis_mm_launch(fp4, K, group, p, 1, n_experts * ((m + group - 1) / group),
+    return failed(trellis_mm_launch(fp4, K, group | form, p, 1,
+                                    n_experts * ((m + group - 1) / group),
                                     static_cast<cudaStream_t>(stream)),
                   "matmul", msg, size);
 }

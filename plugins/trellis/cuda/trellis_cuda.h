@@ -73,9 +73,11 @@ int trellis_cuda_group(int tokens, long pairs, int experts);
  * e-major) and m tokens per expert, x[e][m][cols] in kappa order with token scales a[e][m]
  * (law e2m1: block scales xb[e][m][cols/16] as f32 values, and lut[1024] its table on the
  * device). group: the kernel's tokens per group (8: the GEMV, 64: the grouped GEMM, 128 or
- * 256: the wide GEMM), or 0 for the one the expert block would pick at m tokens an expert.
- * work: device scratch of trellis_cuda_matmul_work bytes (NULL where that is 0). Queued, no
- * wait. */
+ * 256: the wide GEMM), or 0 for the one the expert block would pick at m tokens an expert;
+ * with TRELLIS_CUDA_MMA_SYNC, the wide GEMM takes its mma.sync form on Hopper too (where it
+ * would take wgmma; the bench checks and times both). work: device scratch of
+ * trellis_cuda_matmul_work bytes (NULL where that is 0). Queued, no wait. */
+#define TRELLIS_CUDA_MMA_SYNC 0x10000
 size_t trellis_cuda_matmul_work(int n_experts, int cols, int m, int group);
 int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uint32_t *words,
                         const uint8_t *scales, const float *g, int n_experts, int rows,

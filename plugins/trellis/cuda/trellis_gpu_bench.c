@@ -312,28 +312,41 @@ static double matmul_error(const struct host_matrix *hm, int m, int group, cudaS
     return sqrt(num / den);
 }
 
+/* Whether the device is a Hopper one, where the wide GEMM takes its wgmma form. */
+static int hopper(void) {
+    int dev, major;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major == 9;
+}
+
 /* The matmul's error on hm at every case (printed when `print`), into the JSON list (*first:
  * none written yet) and *worst; frees hm's arrays. */
 static void matmul_cases(struct host_matrix *hm, const char *data, int print, int *first,
                          double *worst, cudaStream_t s) {
     /* Every kernel: tokens, and the group (0: the expert block's pick), full and partial groups,
-     * several a matrix, and groups with whole warps of MMA columns left empty. */
-    enum { NC = 12 };
-    static const int tokens[NC] = {1, 8, 40, 67, 200, 40, 67, 200, 300, 40, 200, 300};
+     * several a matrix, and groups with whole warps of MMA columns left empty; the wide GEMM in
+     * both forms (wgmma on Hopper, and mma.sync). */
+    enum { NC = 18 };
+    static const int tokens[NC] = {1, 8, 40, 67, 200, 40, 67, 200, 300,
+                                   40, 200, 300, 40, 67, 200, 300, 40, 300};
     static const int groups[NC] = {0, 0, 64, 64, 64, 128, 128, 128, 128, 256, 256, 256};
     for (int i = 0; i < NC; i++) {
-        const double err = matmul_error(hm, tokens[i], groups[i], s);
+        const int group = i < 12 ? groups[i] : (i < 16 ? 128 : 256) | TRELLIS_CUDA_MMA_SYNC;
+        const int size = group & ~TRELLIS_CUDA_MMA_SYNC;
+        const char *form = size >= 128 && group == size && hopper() ? "wgmma" : "mma.sync";
+        const double err = matmul_error(hm, tokens[i], group, s);
         *worst = err > *worst ? err : *worst;
         failures += !(err <= MATMUL_TOL);
         jprintf("%s{\"law\": \"%s\", \"K\": %d, \"data\": \"%s\", \"rows\": %d, \"cols\": %d, "
-                "\"tokens\": %d, \"group\": %d, \"rel_err\": %.3e}",
+                "\"tokens\": %d, \"group\": %d, \"form\": \"%s\", \"rel_err\": %.3e}",
                 *first ? "" : ", ", law_name(hm->fp4), hm->K, data, hm->rows, hm->cols,
-                tokens[i], groups[i], err);
+                tokens[i], size, form, err);
         *first = 0;
         if (print)
-            tprintf("  %s K%d %-7s %dx%d, %3d tokens, group %3d: %.2e%s\n", law_name(hm->fp4),
-                    hm->K, data, hm->rows, hm->cols, tokens[i], groups[i], err,
-                    err <= MATMUL_TOL ? "" : "  FAIL");
+            tprintf("  %s K%d %-7s %dx%d, %3d tokens, group %3d %-8s: %.2e%s\n",
+                    law_name(hm->fp4), hm->K, data, hm->rows, hm->cols, tokens[i], size, form,
+                    err, err <= MATMUL_TOL ? "" : "  FAIL");
     }
     free(hm->words);
     free(hm->scales);
@@ -733,16 +746,19 @@ static void sweep_k(const uint32_t *words, const uint8_t *scales, double copy_gb
 /* The matmul alone at K = 3 for each grouped kernel, m tokens an expert (`words` holds K = 3's
  * words a tile at least); what the expert block's choice of group rests on. */
 static void time_groups(const uint32_t *words, const uint8_t *scales, cudaStream_t s) {
-    enum { NM = 6, NG = 3, MMAX = 512 };
-    static const int tokens[NM] = {16, 32, 64, 128, 256, MMAX}, groups[NG] = {64, 128, 256};
+    enum { NM = 6, NG = 5, MMAX = 512, SYNC = TRELLIS_CUDA_MMA_SYNC };
+    static const int tokens[NM] = {16, 32, 64, 128, 256, MMAX};
+    static const int groups[NG] = {64, 128, 256, 128 | SYNC, 256 | SYNC};
     const int K = 3;
+    const char *wide = hopper() ? "wgmma" : "mma.sync";
     struct mm_bufs b = mm_bufs_new(words, 8 * K, scales, MMAX);
     jprintf(", \"matmul_groups\": {\"K\": 3, \"tokens_per_expert\": [");
     for (int i = 0; i < NM; i++) jprintf("%s%d", i ? ", " : "", tokens[i]);
-    jprintf("], \"groups\": [64, 128, 256], \"ms\": {");
-    tprintf("\nmatmul alone by group size, 8 experts x [%d][%d], K = 3: ms (group of the expert "
-            "block: *)\n  %-6s %6s %9s %9s %9s\n", SIDE, SIDE, "law", "tokens", "64", "128",
-            "256");
+    jprintf("], \"groups\": [\"64\", \"128 %s\", \"256 %s\", \"128 mma.sync\", "
+            "\"256 mma.sync\"], \"ms\": {", wide, wide);
+    tprintf("\nmatmul alone by group size (and the wide GEMM's form), 8 experts x [%d][%d], "
+            "K = 3: ms (group of the expert block: *)\n  %-6s %6s %9s %9s %9s %9s %9s\n", SIDE,
+            SIDE, "law", "tokens", "64", "128", "256", "128 sync", "256 sync");
     for (int fp4 = 0; fp4 < 2; fp4++) {
         mm_bufs_law(&b, fp4);
         jprintf("%s\"%s\": [", fp4 ? ", " : "", law_name(fp4));
