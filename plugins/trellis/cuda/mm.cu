@@ -352,6 +352,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
  *   the warps issue no MMA or B load. */
 #define WIDE_KT 4                  /* tiles of a strip a chunk: 64 inputs */
 #define WIDE_STRIPS(wg) ((wg) ? 8 : 4)
+#define WIDE_STAGES(wg) ((wg) ? 3 : 2)
 #define WIDE_XW (WIDE_KT * 8)      /* staged f16x2 words of a token a chunk: two steps */
 
 /* mma.sync: the staged activations of a token take WIDE_XW words of shared memory with no
@@ -378,37 +379,37 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t at) {
 #define WG_ACC32(d, i) WG_ACC8(d, i), WG_ACC8(d, i + 1), WG_ACC8(d, i + 2), WG_ACC8(d, i + 3), \
     WG_ACC8(d, i + 4), WG_ACC8(d, i + 5), WG_ACC8(d, i + 6), WG_ACC8(d, i + 7)
 
-/* d += A B for one wgmma m64nNk16, f16 in, FP32 accumulators: A the warp's m16n8k16 fragment
- * a[4] of its 16 rows, B the N tokens x 16 inputs at desc; d[N / 8][4] in the m16n8k16 C layout
- * for each 8 tokens. Asynchronous: a and d stay untouched until wgmma_wait. */
+/* d += A B for one wgmma m64nNk16, f16 in, FP32 accumulators: A the 64 rows x 16 inputs at
+ * desc_a, B the N tokens x 16 inputs at desc_b (both K-major, wgmma_desc); d[N / 8][4] in the
+ * m16n8k16 C layout for each 8 tokens of the warp's 16 rows. Asynchronous: d stays untouched
+ * until wgmma_wait. */
 template <int N>
-__device__ __forceinline__ void wgmma(float (&d)[N / 8][4], const uint32_t (&a)[4],
-                                      uint64_t desc) {
+__device__ __forceinline__ void wgmma(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(N == 64 || N == 128, "the wide GEMM's warpgroups take 64 or 128 tokens");
     if constexpr (N == 64)
         asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, "
                      "%5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-                     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, "
-                     "%35}, %36, 1, 1, 1, 0;"
+                     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, "
+                     "0, 0;"
                      : WG_ACC32(d, 0)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+                     : "l"(desc_a), "l"(desc_b));
     else
         asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, "
                      "%5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
                      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
                      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, "
-                     "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, "
-                     "%65, %66, %67}, %68, 1, 1, 1, 0;"
+                     "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, "
+                     "1, 1, 1, 0, 0;"
                      : WG_ACC32(d, 0), WG_ACC32(d, 8)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+                     : "l"(desc_a), "l"(desc_b));
 #else
     __trap(); /* launch_wide runs the wgmma form on sm_90 only */
 #endif
 }
 
 /* The warpgroup's wgmma steps: fence (registers written before are visible to them), commit
- * (the steps issued since form a group), wait (all groups done, registers free). */
+ * (the steps issued since form a group), wait (all groups but the latest PENDING done). */
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -419,10 +420,10 @@ __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 #endif
 }
-template <int N>
+template <int N, int PENDING>
 __device__ __forceinline__ void wgmma_wait(float (&d)[N / 8][4]) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("wgmma.wait_group.sync.aligned 0;" : WG_ACC32(d, 0) :: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned %32;" : WG_ACC32(d, 0) : "n"(PENDING) : "memory");
     if constexpr (N == 128) asm volatile("" : WG_ACC32(d, 8) :: "memory");
 #endif
 }
@@ -431,15 +432,24 @@ template <int K, bool FP4, int GT, bool WG>
 __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
     mm_wide_kernel(const mm_params p) {
     constexpr int NW = 8 * K, BLOCK = FP4 ? 16 : 32, STRIPS = WIDE_STRIPS(WG);
-    constexpr int THREADS = STRIPS * 64, XT = THREADS / 8; /* tokens a round of copies */
-    constexpr int XP = GT / XT;                             /* 16-byte copies a thread */
+    constexpr int THREADS = STRIPS * 64;
+    /* Copies of a chunk's activations: lanes a token, tokens a round, rounds, pieces a round
+     * (mma.sync: 8 lanes a token, whose rows of x_s, swizzled only by token % 2, would take
+     * bank conflicts from fewer) */
+    constexpr int XL = !WG ? 8 : THREADS / GT > 2 ? THREADS / GT : 2, XT = THREADS / XL,
+                  XR = GT / XT, XP = 8 / XL;
     /* A warp's accumulators: S strips of 16 rows by NC columns of 8 tokens (mma.sync: 32 rows
      * by GT / 4 tokens; wgmma: 16 rows by GT / 2 tokens, the warpgroup's) */
     constexpr int S = WG ? 1 : 2, NC = WG ? GT / 16 : GT / 32;
     constexpr int CW = GT == MM_GROUP_WIDER ? 4 : 2; /* mma.sync: MMA columns a step loads */
+    /* Stages: wgmma's run a chunk behind the barrier (the tensor cores are fed across it), so
+     * its A fragments and activations are three chunks deep; mma.sync's two. */
+    constexpr int XS = WIDE_STAGES(WG), AW = 16 * STRIPS * WIDE_XW; /* AW: words of a stage of A */
     __shared__ uint4 w_s[2][THREADS / 32][2 * NW / 4]; /* [chunk % 2][warp][2 tiles' words] */
-    __shared__ uint4 a_s[2][STRIPS][WIDE_KT][32];      /* [chunk % 2][strip][tile][lane] */
-    /* [chunk % 2][GT][WIDE_XW] from a 1024-byte boundary (the swizzle's) on, x_smem_wide */
+    /* mma.sync: A fragments [chunk % 2][strip][tile][lane] */
+    __shared__ uint4 a_s[WG ? 1 : 2][STRIPS][WIDE_KT][32];
+    /* From a 1024-byte boundary (the swizzle's) on: activations [chunk % XS][GT][WIDE_XW], and
+     * wgmma's A [chunk % XS][16 STRIPS rows][WIDE_XW] (K-major, swizzled like the activations). */
     extern __shared__ __align__(16) uint32_t x_dyn[];
     __shared__ uint8_t lut_s[FP4 ? TRELLIS_LUT : 1];
     __shared__ int row_s[GT];
@@ -451,9 +461,12 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
     const int g = lane >> 2, q = lane & 3, tiles_c = p.cols / 16, n_chunks = tiles_c / WIDE_KT;
     const uint32_t x_at = ((uint32_t)__cvta_generic_to_shared(x_dyn) + 1023u) & ~1023u;
     uint32_t *x_s = x_dyn + (x_at - (uint32_t)__cvta_generic_to_shared(x_dyn)) / 4;
+    uint32_t *wa_s = x_s + XS * GT * WIDE_XW; /* wgmma's A */
+    const uint32_t a_at = x_at + XS * GT * WIDE_XW * 4;
     group_tables<FP4>(p, grp, GT, row_s, lut_s);
     for (int t = threadIdx.x; t < grp.count; t += blockDim.x) /* row_s[t] is this thread's */
         off_s[t] = (uint32_t)row_s[t] * (p.cols / 2);
+    __syncthreads(); /* row_s, off_s, lut_s */
 
     /* Decoding: tiles 2 dh, 2 dh + 1 of strip ds in every chunk, and their rows' scales (law
      * e4m3: one block, law e2m1: two). */
@@ -471,9 +484,10 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
     const lane_window lw = lane_window_of<K>(lane);
     uint32_t sum[2];
     sum_bytes(sum, lane);
-    /* The warp's two tiles of chunk c into a_s[c & 1], times their rows' block scales (n0,
-     * n1: the scales' E4M3 bytes of rows g and g + 8). */
-    auto decode = [&](int c, uint32_t n0, uint32_t n1) {
+    /* The warp's two tiles of chunk c into stage `stage` of a_s (wgmma: wa_s, a fragment's
+     * four words to their places: a0, a2 row g, inputs 2q and 2q + 8, a1, a3 row g + 8), times
+     * their rows' block scales (n0, n1: the scales' E4M3 bytes of rows g and g + 8). */
+    auto decode = [&](int c, int stage, uint32_t n0, uint32_t n1) {
         const uint32_t s0[1] = {e4m3x2_to_f16x2(n0)}, s1[1] = {e4m3x2_to_f16x2(n1)};
         const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[c & 1][warp]);
 #pragma unroll
@@ -481,41 +495,54 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
             uint32_t a[4];
             lane_operands<K, FP4>(tw + u * NW, lw, sum, lut_s, a);
             const __half2 w0 = scale_h2(s0, FP4 ? u : 0), w1 = scale_h2(s1, FP4 ? u : 0);
-            a_s[c & 1][ds][2 * dh + u][lane] = make_uint4(h2_mul(a[0], w0), h2_mul(a[1], w1),
-                                                          h2_mul(a[2], w0), h2_mul(a[3], w1));
+            const uint4 v = make_uint4(h2_mul(a[0], w0), h2_mul(a[1], w1), h2_mul(a[2], w0),
+                                       h2_mul(a[3], w1));
+            if constexpr (WG) {
+                uint32_t *r = wa_s + stage * AW + (16 * ds + g) * WIDE_XW;
+                const int w = 8 * (2 * dh + u) + q; /* the tile's input pair 2q in the row */
+                r[wgmma_word(g, w)] = v.x;
+                r[wgmma_word(g, w + 4)] = v.z;
+                r[8 * WIDE_XW + wgmma_word(g, w)] = v.y; /* (g + 8) % 8 == g */
+                r[8 * WIDE_XW + wgmma_word(g, w + 4)] = v.w;
+            } else {
+                a_s[stage][ds][2 * dh + u][lane] = v;
+            }
         }
     };
     /* The warp's words of chunk c, as one cp.async group with the activations issued before. */
     auto load_words = [&](int c) {
         load_chunk<K, 2>(w_s[c & 1][warp], wsrc + (size_t)c * NW, 2, lane);
     };
-    /* Copies: piece xj (16 bytes) of the chunk's words of tokens xt + XT i, from their rows'
-     * word offsets off_s. Tokens the group lacks are not copied: their rows of x_s hold
-     * whatever was there, which reaches only their own MMA columns, never stored. */
-    const int xj = threadIdx.x & 7, xt = threadIdx.x >> 3;
-    const uint32_t xs0 =
-        x_at + 4 * (xt * WIDE_XW + (WG ? wgmma_word(xt, 4 * xj) : wide_word(xt, 4 * xj)));
-    auto load_x = [&](int c) {
-        const uint32_t dst = xs0 + (c & 1) * (GT * WIDE_XW * 4);
-        const uint32_t *src = p.x16 + c * WIDE_XW + 4 * xj;
+    /* Copies: XL lanes a token, each XP of its 8 pieces (16 bytes) of a chunk, pieces xa + XL i
+     * of tokens xt + XT r, to their swizzled places in x_s (piece j ^ sw). Two lanes at least,
+     * so that each copy a warp issues reads whole 32-byte sectors. Tokens the group lacks are
+     * not copied: their rows of x_s hold whatever was there, which reaches only their own MMA
+     * columns, never stored. */
+    const int xt = threadIdx.x / XL, xa = threadIdx.x % XL;
+    const int sw = WG ? xt & 7 : (xt & 1) << 2;
+    const uint32_t xd = x_at + 4 * xt * WIDE_XW + 16 * (xa ^ sw % XL) + 16 * XL * (sw / XL);
+    auto load_x = [&](int c, int stage) {
 #pragma unroll
-        for (int i = 0; i < XP; i++)
-            if (xt + XT * i < grp.count)
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                                 dst + i * (XT * WIDE_XW * 4)),
-                             "l"(src + off_s[xt + XT * i])
+        for (int r = 0; r < XR; r++) {
+            if (xt + XT * r >= grp.count) break;
+            const uint32_t dst = xd + (stage * GT + XT * r) * WIDE_XW * 4;
+            const uint32_t *src = p.x16 + off_s[xt + XT * r] + 4 * xa + c * WIDE_XW;
+#pragma unroll
+            for (int i = 0; i < XP; i++)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst ^ 16 * XL * i),
+                             "l"(src + 4 * XL * i)
                              : "memory");
+        }
     };
 
-    __syncthreads(); /* row_s, lut_s */
-    load_x(0);
+    load_x(0, 0);
     load_words(0);
     if (n_chunks > 1)
         load_words(1);
     uint32_t n0 = scale_bytes(sc0, 0), n1 = scale_bytes(sc1, 0);
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncwarp();
-    decode(0, n0, n1);
+    decode(0, 0, n0, n1);
     if (n_chunks > 1) {
         n0 = scale_bytes(sc0, 1);
         n1 = scale_bytes(sc1, 1);
@@ -527,53 +554,50 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
     const int rs = WG ? 4 * (h & 1) + (warp & 3) : 2 * (warp & 1);
     const int t0 = WG ? GT / 2 * (h >> 1) : GT / 4 * (warp >> 1);
     const bool wg_any = t0 < grp.count; /* wgmma: the warpgroup has tokens */
+    /* wgmma's descriptors of chunk 0's A (the warpgroup's 64 rows) and B (its tokens); a stage
+     * on moves them AW or GT rows of 128 bytes */
+    const uint64_t da0 = wgmma_desc(a_at + 64 * (h & 1) * WIDE_XW * 4),
+                   db0 = wgmma_desc(x_at + t0 * WIDE_XW * 4);
     float acc[S][NC][4] = {};
-    for (int c = 0; c < n_chunks; c++) {
+    for (int c = 0, stage = 0, next = 1; c < n_chunks; /* stage, next: chunk c's, c + 1's */
+         c++, stage = next, next = next + 1 == XS ? 0 : next + 1) {
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         if (WG) /* the copies are read next by the tensor cores (the async proxy) */
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads(); /* chunk c's activations and A fragments; chunk c - 1 is consumed */
         if constexpr (WG) {
             if (wg_any) {
-                uint32_t a[WIDE_KT][4];
-#pragma unroll
-                for (int u = 0; u < WIDE_KT; u++) {
-                    const uint4 v = a_s[c & 1][rs][u][lane];
-                    a[u][0] = v.x;
-                    a[u][1] = v.y;
-                    a[u][2] = v.z;
-                    a[u][3] = v.w;
-                }
-                const uint64_t desc = wgmma_desc(x_at + ((c & 1) * GT + t0) * WIDE_XW * 4);
+                const uint64_t da = da0 + stage * (AW * 4 / 16),
+                               db = db0 + stage * (GT * WIDE_XW * 4 / 16);
                 wgmma_fence();
 #pragma unroll
-                for (int u = 0; u < WIDE_KT; u++) wgmma<GT / 2>(acc[0], a[u], desc + 2 * u);
+                for (int u = 0; u < WIDE_KT; u++) wgmma<GT / 2>(acc[0], da + 2 * u, db + 2 * u);
                 wgmma_commit();
             }
         }
         if (c + 1 < n_chunks) {
-            load_x(c + 1);
+            load_x(c + 1, next);
             if (c + 2 < n_chunks)
                 load_words(c + 2);
             else
                 asm volatile("cp.async.commit_group;" ::: "memory");
-            decode(c + 1, n0, n1);
+            decode(c + 1, next, n0, n1);
             if (c + 2 < n_chunks) {
                 n0 = scale_bytes(sc0, c + 2);
                 n1 = scale_bytes(sc1, c + 2);
             }
         }
         if constexpr (WG) {
-            wgmma_wait<GT / 2>(acc[0]);
+            wgmma_wait<GT / 2, 1>(acc[0]); /* chunk c - 1's: its buffers are free */
             continue;
         }
-        const uint32_t *xq = x_s + ((c & 1) * GT + t0 + g) * WIDE_XW;
+        const uint32_t *xq = x_s + (stage * GT + t0 + g) * WIDE_XW;
 #pragma unroll
         for (int st = 0; st < WIDE_KT / 2; st++) { /* 32 inputs: tiles 2st, 2st + 1 */
             uint32_t a[2][2][4]; /* [strip][tile] */
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const uint4 v = a_s[c & 1][rs + (i >> 1)][2 * st + (i & 1)][lane];
+                const uint4 v = a_s[stage][rs + (i >> 1)][2 * st + (i & 1)][lane];
                 a[i >> 1][i & 1][0] = v.x;
                 a[i >> 1][i & 1][1] = v.y;
                 a[i >> 1][i & 1][2] = v.z;
@@ -592,6 +616,7 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
         }
     }
 
+    if constexpr (WG) wgmma_wait<GT / 2, 0>(acc[0]);
     const float gs = p.g[z][grp.expert];
 #pragma unroll
     for (int s = 0; s < S; s++) {
@@ -659,7 +684,8 @@ static cudaError_t launch_wide(const mm_params &p, dim3 grid, cudaStream_t strea
     const long tiles = (long)p.x_rows * (p.cols / 16);
     stage_kernel<FP4, WG><<<(unsigned)((tiles + 255) / 256), 256, 0, stream>>>(p);
     cudaError_t e = cudaGetLastError();
-    const size_t smem = (size_t)2 * GT * WIDE_XW * sizeof(uint32_t) + 1024;
+    const size_t rows_s = GT + (WG ? 16 * WIDE_STRIPS(WG) : 0); /* a stage's x and A rows */
+    const size_t smem = WIDE_STAGES(WG) * rows_s * WIDE_XW * sizeof(uint32_t) + 1024;
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(mm_wide_kernel<K, FP4, GT, WG>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
