@@ -707,16 +707,15 @@ static bool wide_wgmma(int group) {
 
 template <int K, bool FP4>
 static cudaError_t launch_k(int group, const mm_params &p, dim3 grid, cudaStream_t stream) {
-    const bool wg = wide_wgmma(group);
     switch (group & ~TRELLIS_CUDA_MMA_SYNC) {
     case MM_GROUP_SMALL: return launch_ng<K, FP4, MM_GROUP_SMALL / 8>(p, grid, stream);
     case MM_GROUP_LARGE: return launch_ng<K, FP4, MM_GROUP_LARGE / 8>(p, grid, stream);
     case MM_GROUP_WIDE:
-        return wg ? launch_wide<K, FP4, MM_GROUP_WIDE, true>(p, grid, stream)
-                  : launch_wide<K, FP4, MM_GROUP_WIDE, false>(p, grid, stream);
+        return wide_wgmma(group) ? launch_wide<K, FP4, MM_GROUP_WIDE, true>(p, grid, stream)
+                                 : launch_wide<K, FP4, MM_GROUP_WIDE, false>(p, grid, stream);
     case MM_GROUP_WIDER:
-        return wg ? launch_wide<K, FP4, MM_GROUP_WIDER, true>(p, grid, stream)
-                  : launch_wide<K, FP4, MM_GROUP_WIDER, false>(p, grid, stream);
+        return wide_wgmma(group) ? launch_wide<K, FP4, MM_GROUP_WIDER, true>(p, grid, stream)
+                                 : launch_wide<K, FP4, MM_GROUP_WIDER, false>(p, grid, stream);
     default: return cudaErrorInvalidValue;
     }
 }
