@@ -332,24 +332,25 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
 /* The wide GEMM (groups of MM_GROUP_WIDE or MM_GROUP_WIDER tokens): a CTA computes
  * WIDE_STRIPS strips of 16 rows for the whole group and decodes each of their tiles once. A
  * chunk is 64 inputs (WIDE_KT tiles a strip); two warps a strip each decode 2 of its tiles into
- * shared memory, already times their block scales (a_s: the A fragments of m16n8k16 products).
- * A fragments and activations are double-buffered, one barrier a chunk; the activations,
- * staged as f16 in memory once per call (stage_kernel), come in by cp.async a chunk ahead with
- * the words. Two forms multiply them:
+ * shared memory, already times their block scales. The activations, staged as f16 in memory
+ * once per call (stage_kernel), come in by cp.async a chunk ahead with the words; one barrier
+ * a chunk. Two forms multiply them:
  *
- * - mma.sync (any sm_80 on; Blackwell's sm_120a runs it): 4 strips, 8 warps; each warp
- *   multiplies all 16 tiles into its warp tile of 32 rows by GT / 4 tokens, so that each A
- *   fragment it loads feeds GT / 32 MMAs and each B fragment two; the decode of chunk c + 1
- *   comes first, then the MMAs of chunk c.
+ * - mma.sync (any sm_80 on; Blackwell's sm_120a runs it): 4 strips, 8 warps, A fragments
+ *   (a_s, the m16n8k16 layout) and activations two chunks deep; each warp multiplies all 16
+ *   tiles into its warp tile of 32 rows by GT / 4 tokens, so that each A fragment it loads
+ *   feeds GT / 32 MMAs and each B fragment two; the decode of chunk c + 1 comes first, then
+ *   the MMAs of chunk c.
  * - wgmma (Hopper, sm_90a): 8 strips, 16 warps, so that the activations, which every CTA of a
- *   group reads, come in half as often (measured 12% faster than 4 strips at 256-512 tokens an
- *   expert). Warpgroup h (warps 4h..4h + 3) multiplies strips 4 (h & 1) on by the GT / 2 tokens
- *   from GT / 2 (h >> 1) on, warp w of it giving its strip's A fragments from registers (the
- *   m16n8k16 layout a_s holds is wgmma's A layout for a warp's 16 rows) and the tensor cores
- *   reading the activations straight from shared memory (B, K-major with the 128-byte swizzle:
- *   a token's 64 inputs of a chunk are one 128-byte row whose 16-byte pieces are XORed by token
- *   % 8). The wgmmas of chunk c are issued first and run while the warps decode chunk c + 1;
- *   the warps issue no MMA or B load. */
+ *   group reads, come in half as often (12% faster than 4 strips at 256-512 tokens an expert).
+ *   Warpgroup h (warps 4h..4h + 3) multiplies strips 4 (h & 1) on by the GT / 2 tokens from
+ *   GT / 2 (h >> 1) on, the tensor cores reading both operands from shared memory, K-major
+ *   with the 128-byte swizzle: a row's (or a token's) 64 inputs of a chunk are one 128-byte
+ *   row whose 16-byte pieces are XORed by row % 8. The wgmmas of chunk c are issued right
+ *   after the barrier and run while the warps copy and decode chunk c + 1 and on across the
+ *   next barrier (each warpgroup waits only for chunk c - 1's), so A and activations are three
+ *   chunks deep. The warps issue no MMA and no operand load (docs/perf/h200-codec.md, "The
+ *   wide GEMM on wgmma"). */
 #define WIDE_KT 4                  /* tiles of a strip a chunk: 64 inputs */
 #define WIDE_STRIPS(wg) ((wg) ? 8 : 4)
 #define WIDE_STAGES(wg) ((wg) ? 3 : 2)
@@ -367,7 +368,7 @@ __device__ __forceinline__ int wgmma_word(int t, int w) {
     return w ^ (t & 7) << 2;
 }
 
-/* A wgmma descriptor of the K-major B operand at shared address `at` (1024-byte aligned):
+/* A wgmma descriptor of a K-major operand at shared address `at` (1024-byte aligned):
  * 128-byte swizzle (mode 1 in bits 62-63), 8-row groups 1024 bytes apart (the stride, bits
  * 32-45, in 16 bytes); the leading offset is unused with this swizzle (1). Adding 2 moves it
  * 16 inputs (32 bytes) along K. */
@@ -408,8 +409,9 @@ __device__ __forceinline__ void wgmma(float (&d)[N / 8][4], uint64_t desc_a, uin
 #endif
 }
 
-/* The warpgroup's wgmma steps: fence (registers written before are visible to them), commit
- * (the steps issued since form a group), wait (all groups but the latest PENDING done). */
+/* The warpgroup's wgmma steps: fence (the accumulators' registers as written before), commit
+ * (the steps issued since form a group), wait (all groups but the latest PENDING done, their
+ * accumulators final). */
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -566,7 +568,7 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
     for (int c = 0, stage = 0, next = 1; c < n_chunks; /* stage, next: chunk c's, c + 1's */
          c++, stage = next, next = next + 1 == XS ? 0 : next + 1) {
         asm volatile("cp.async.wait_group 0;" ::: "memory");
-        if (WG) /* the copies are read next by the tensor cores (the async proxy) */
+        if constexpr (WG) /* the copies and A stores are read next by the tensor cores */
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads(); /* chunk c's activations and A fragments; chunk c - 1 is consumed */
         if constexpr (WG) {
