@@ -19,9 +19,9 @@
  * barriers, its loads in batches (a chunk ahead they would not fit its registers), and is held
  * to 128 registers for 4 CTAs an SM. A group of 128 tokens in one warp's accumulators,
  * decoding each tile half as often, ran slower: 2 CTAs an SM hid the staging's loads worse.
- * The wide GEMM (mm_wide_kernel, below) gets there another way: 8 warps decode a chunk's
- * tiles into shared memory once for 128 or 256 tokens and share them
- * (docs/perf/h200-codec.md). */
+ * The wide GEMM (mm_wide_kernel, below) gets there another way: its warps decode a chunk's
+ * tiles into shared memory once for 128 or 256 tokens and share them, multiplied by wgmma on
+ * Hopper (docs/perf/h200-codec.md). */
 #include "decode.cuh"
 #include "mm.cuh"
 #include "trellis_cuda.h"

@@ -27,7 +27,7 @@ struct mm_params {
     const float *xa;          /* [rows of x] token scales */
     const float *xb;          /* law e2m1: [rows of x][cols/16] block scale values */
     const uint8_t *lut;       /* law e2m1: [TRELLIS_LUT] */
-    /* The wide GEMM: scratch the launch fills with x staged as f16 B fragments first. */
+    /* The wide GEMM: scratch the launch fills with x staged as f16 first (stage_kernel). */
     uint32_t *x16;            /* [x_rows][cols / 2] */
     int x_rows;
 };
