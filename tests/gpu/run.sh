@@ -10,9 +10,9 @@
 #   1. nvidia-smi                                   gpu.txt
 #   2. tmx conform --kernels cuda (+ per-case time) conform.txt, conform.json
 #   3. tmx-graph-check cuda                         graph.txt
-#   4. muse-tiny BF16 and F32, every KV cache dtype, and its K3 builds (e4m3, fp4) when
-#      .devmodels has them: 64 greedy tokens with kernels cpu and cuda, texts compared; a longer
-#      cuda run for decode tokens/s                                   generate.txt, summary.json
+#   4. muse-tiny BF16 and F32 (when carried), every KV cache dtype, and its K3 builds (e4m3,
+#      fp4; quantized on the machine from BF16 unless carried): 64 greedy tokens with kernels cpu
+#      and cuda, texts compared; a longer cuda run for decode tokens/s  generate.txt, summary.json
 #   5. logits: tmx eval-kld with the CPU as teacher and CUDA as model   kld.txt
 #   6. compute-sanitizer memcheck over the conformance cases, when the machine allows it
 #   7. the codecs' device bench (tests/gpu/codec.sh) when .gpu-codec is carried, and the SASS
@@ -62,6 +62,17 @@ graph_rc=$?
 cat "$OUT/graph.txt"
 
 echo "== muse-tiny end to end"
+# Its K3 builds are quantized here from the BF16 model when .devmodels lacks them (beside the
+# binaries and the models they would pass the device tool's 64 MiB); a few seconds each.
+for build in k3:e4m3 k3fp4:fp4; do
+    name=${build%%:*} codec=${build#*:}
+    [ -f ".devmodels/muse-tiny-$name/config.json" ] && continue
+    [ -f .devmodels/muse-tiny-bf16/config.json ] || break
+    rm -rf ".devmodels/muse-tiny-$name"
+    "$bin/tmx" quantize --model .devmodels/muse-tiny-bf16 --out ".devmodels/muse-tiny-$name" \
+        --codec "trellis-$codec" --bits 3 -t "$(nproc)" >> "$OUT/logs/quantize.txt" 2>&1 ||
+        echo "quantize $codec failed (logs/quantize.txt)"
+done
 prompt="Four score and seven years ago"
 gen() { # model kernels kv n -> stdout of tmx generate; its stderr goes to generate.txt
     "$bin/tmx" generate --model ".devmodels/muse-tiny-$1" --prompt "$prompt" -n "$4" \
