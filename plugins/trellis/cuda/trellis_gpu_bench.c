@@ -327,15 +327,17 @@ static void matmul_cases(struct host_matrix *hm, const char *data, int print, in
     /* Every kernel: tokens, and the group (0: the expert block's pick), full and partial groups,
      * several a matrix, and groups with whole warps of MMA columns left empty; the wide GEMM in
      * both forms (wgmma on Hopper, and mma.sync). */
-    enum { NC = 18 };
+    enum { NC = 18, SYNC = TRELLIS_CUDA_MMA_SYNC };
     static const int tokens[NC] = {1, 8, 40, 67, 200, 40, 67, 200, 300,
                                    40, 200, 300, 40, 67, 200, 300, 40, 300};
-    static const int groups[NC] = {0, 0, 64, 64, 64, 128, 128, 128, 128, 256, 256, 256};
+    static const int groups[NC] = {0, 0, 64, 64, 64, 128, 128, 128, 128, 256, 256, 256,
+                                   128 | SYNC, 128 | SYNC, 128 | SYNC, 128 | SYNC,
+                                   256 | SYNC, 256 | SYNC};
+    const int wgmma = hopper();
     for (int i = 0; i < NC; i++) {
-        const int group = i < 12 ? groups[i] : (i < 16 ? 128 : 256) | TRELLIS_CUDA_MMA_SYNC;
-        const int size = group & ~TRELLIS_CUDA_MMA_SYNC;
-        const char *form = size >= 128 && group == size && hopper() ? "wgmma" : "mma.sync";
-        const double err = matmul_error(hm, tokens[i], group, s);
+        const int size = groups[i] & ~SYNC;
+        const char *form = size >= 128 && !(groups[i] & SYNC) && wgmma ? "wgmma" : "mma.sync";
+        const double err = matmul_error(hm, tokens[i], groups[i], s);
         *worst = err > *worst ? err : *worst;
         failures += !(err <= MATMUL_TOL);
         jprintf("%s{\"law\": \"%s\", \"K\": %d, \"data\": \"%s\", \"rows\": %d, \"cols\": %d, "
