@@ -158,6 +158,113 @@ __device__ __forceinline__ void lane_operands(const uint32_t *w, lane_window lw,
     }
 }
 
+/* --- law e2m1 for Blackwell's block-scaled FP4 MMA (sm_120a) ------------------------------ */
+
+/* The E2M1 codes (sign << 3 | magnitude, §1.2) of four E4M3 bytes that hold E2M1 values, a code
+ * a byte: magnitude (byte >> 2) - 12 for 1.0 (0x38) and up, 1 for 0.5 (0x30), 0 for 0. */
+__device__ __forceinline__ uint32_t e2m1x4_of_e4m3x4(uint32_t w) {
+    const uint32_t mag = w & 0x7f7f7f7fu;
+    return (__vsubus4(mag >> 2 & 0x1f1f1f1fu, 0x0c0c0c0cu) +
+            (__vcmpeq4(mag, 0x30303030u) & 0x01010101u)) |
+           (w >> 4 & 0x08080808u);
+}
+
+/* The lane's codes of a tile pair (u0 at w0, u1 at w1) for the native FP4 MMA: r0 holds 8
+ * codes of row g, r1 of row g + 8, all of tile u0 for lanes q = 0, 1 and of u1 for q = 2, 3.
+ * The MMA (mma_e2m1) scales each 16 of its 64 inputs by one UE4M3 scale, and its 16-input
+ * blocks lie in two lanes of a quad (registers a0, a1 of q = 0, 1, of q = 2, 3, then a2, a3
+ * the same), so each must hold one tile's 16 columns of a row (TrellisMX's block scales are
+ * per 16 inputs, and UE4M3 bytes: §5). The byte sums move them there with no shuffle: a u8
+ * MMA takes tile u0's states in a0, a1 and u1's in a2, a3 (the B of sum_bytes), so lanes
+ * q = 0, 1 get back sigmas of u0 only, q = 2, 3 of u1 only - four u8 MMAs a pair, as before.
+ *
+ * "Nu order": code i (bits 4i..4i+3) of either register is column [2t, 2t + 1, 2t + 8,
+ * 2t + 9][i >> 1] of its tile and row, t = 2 (q & 1) + (i & 1): trellis position 8 (4g + t) +
+ * (i >> 1) (+ 4 for row g + 8). The activations are staged in that order (mm.cu). nib: law
+ * e2m1's sigma -> code table (shared memory). */
+template <int K>
+__device__ __forceinline__ void lane_codes_e2m1(const uint32_t *w0, const uint32_t *w1,
+                                                lane_window lw, const uint32_t sum[2],
+                                                const uint8_t *nib, uint32_t &r0, uint32_t &r1) {
+    uint32_t s0[8], s1[8];
+    lane_states<K>(w0, lw, s0);
+    lane_states<K>(w1, lw, s1);
+    uint32_t b0[4], b1[4]; /* byte j of r0, r1: codes i = 2j, 2j + 1, from u8 MMA j */
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t d[4]; /* sigmas: row g at t = 2 (q & 1), + 1, then row g + 8 */
+        mma_u8(d, s0[j] * TRELLIS_MUL, s0[j + 4] * TRELLIS_MUL, s1[j] * TRELLIS_MUL,
+               s1[j + 4] * TRELLIS_MUL, sum, 0u);
+        b0[j] = nib[d[1]] * 16u + nib[d[0]];
+        b1[j] = nib[d[3]] * 16u + nib[d[2]];
+    }
+    r0 = __byte_perm(__byte_perm(b0[0], b0[1], 0x0040), __byte_perm(b0[2], b0[3], 0x0040), 0x5410);
+    r1 = __byte_perm(__byte_perm(b1[0], b1[1], 0x0040), __byte_perm(b1[2], b1[3], 0x0040), 0x5410);
+}
+
+#if !defined(__CUDA_ARCH_FEAT_SM120_ALL)
+/* The value of an E2M1 code (the low 4 bits of c). */
+__device__ __forceinline__ float e2m1_value(uint32_t c) {
+    const uint32_t m = c & 7u;
+    const float v = m < 2 ? 0.5f * (float)m : ldexpf((float)(2 + (m & 1)), (int)(m >> 1) - 2);
+    return c & 8u ? -v : v;
+}
+#endif
+
+/* d += (A . SA)(B . SB) for one m16n8k64 E2M1 product, FP32 accumulators, UE4M3 scales per 16
+ * inputs (kind::mxf4nvf4, scale_vec::4X): a[4], b0, b1 the lane's fragments (8 codes a
+ * register: a0, a2 row g, a1, a3 row g + 8, inputs 8q.. and 32 + 8q..; b0, b1 token g at the
+ * same inputs); sa: the four scales of row g (lane q = 0) or g + 8 (q = 1), unused in lanes
+ * q = 2, 3; sb: token g's four (lane q = 0). sm_120a runs the instruction. Elsewhere this is
+ * an emulation of it from the PTX ISA's fragment layouts (shuffles, FP32 sums of exact
+ * products), so that the checks can run the native form on a GPU without it. */
+__device__ __forceinline__ void mma_e2m1(float d[4], const uint32_t a[4], uint32_t b0,
+                                         uint32_t b1, uint32_t sa, uint32_t sb) {
+#if defined(__CUDA_ARCH_FEAT_SM120_ALL)
+    asm("mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale.scale_vec::4X.f32.e2m1."
+        "e2m1.f32.ue4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3}, %10, "
+        "{0, 0}, %11, {0, 0};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(sa), "r"(sb));
+#else
+    const unsigned all = 0xffffffffu;
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    /* outputs d0..d3: rows g, g, g + 8, g + 8 by tokens 2q, 2q + 1, 2q, 2q + 1 */
+    const uint32_t sr[2] = {__shfl_sync(all, sa, 4 * g), __shfl_sync(all, sa, 4 * g + 1)};
+    const uint32_t st[2] = {__shfl_sync(all, sb, 8 * q), __shfl_sync(all, sb, 8 * q + 4)};
+    float part[4][4] = {}; /* [output][scale block] */
+    for (int t = 0; t < 4; t++) { /* the quad lane holding inputs 8t.. and 32 + 8t.. */
+        uint32_t ar[4], br[2][2];
+#pragma unroll
+        for (int i = 0; i < 4; i++) ar[i] = __shfl_sync(all, a[i], 4 * g + t);
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            br[e][0] = __shfl_sync(all, b0, 4 * (2 * q + e) + t);
+            br[e][1] = __shfl_sync(all, b1, 4 * (2 * q + e) + t);
+        }
+        for (int h = 0; h < 2; h++) /* input 32h + 8t + j, scale block 2h + t / 2 */
+            for (int j = 0; j < 8; j++) {
+                const float x0 = e2m1_value(ar[2 * h] >> 4 * j),
+                            x1 = e2m1_value(ar[2 * h + 1] >> 4 * j),
+                            y0 = e2m1_value(br[0][h] >> 4 * j), y1 = e2m1_value(br[1][h] >> 4 * j);
+                const int b = 2 * h + (t >> 1);
+                part[0][b] += x0 * y0;
+                part[1][b] += x0 * y1;
+                part[2][b] += x1 * y0;
+                part[3][b] += x1 * y1;
+            }
+    }
+    for (int k = 0; k < 4; k++) {
+        const float a0 = e4m3_value(sr[0] >> 8 * k), a1 = e4m3_value(sr[1] >> 8 * k),
+                    t0 = e4m3_value(st[0] >> 8 * k), t1 = e4m3_value(st[1] >> 8 * k);
+        d[0] += part[0][k] * a0 * t0;
+        d[1] += part[1][k] * a0 * t1;
+        d[2] += part[2][k] * a1 * t0;
+        d[3] += part[3][k] * a1 * t1;
+    }
+#endif
+}
+
 /* f16x2 a * b, both halves. */
 __device__ __forceinline__ uint32_t h2_mul(uint32_t a, __half2 b) {
     const __half2 r = __hmul2(*reinterpret_cast<const __half2 *>(&a), b);

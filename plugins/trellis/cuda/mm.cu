@@ -53,8 +53,9 @@ __device__ __forceinline__ bool group_of(const mm_params &p, int gi, int cap, mm
 }
 
 /* By the whole CTA: the activation row of each of the group's gt slots (-1 past its tokens)
- * into row_s[gt], and law e2m1's sigma -> f16 high byte table into lut_s. */
-template <bool FP4>
+ * into row_s[gt], and law e2m1's sigma -> f16 high byte table into lut_s (NATIVE: sigma ->
+ * E2M1 code). */
+template <bool FP4, bool NATIVE = false>
 __device__ __forceinline__ void group_tables(const mm_params &p, const mm_group &grp, int gt,
                                              int *row_s, uint8_t *lut_s) {
     for (int t = threadIdx.x; t < gt; t += blockDim.x)
@@ -62,7 +63,8 @@ __device__ __forceinline__ void group_tables(const mm_params &p, const mm_group 
                    : p.act_row ? p.act_row[grp.first + t] : grp.first + t;
     if (FP4)
         for (int i = threadIdx.x; i < TRELLIS_LUT; i += blockDim.x)
-            lut_s[i] = (uint8_t)(e4m3x2_to_f16x2(p.lut[i]) >> 8);
+            lut_s[i] = (uint8_t)(NATIVE ? e2m1x4_of_e4m3x4(p.lut[i])
+                                        : e4m3x2_to_f16x2(p.lut[i]) >> 8);
 }
 
 /* Starts copying a lane's part of a chunk of `tiles` tiles (8K words each) from src to dst
@@ -139,6 +141,27 @@ __device__ __forceinline__ void stage_tile(uint32_t *xs, int u, uint4 v, float x
         *reinterpret_cast<uint2 *>(&xs[x_word(u >> 1, q) + (u & 1) * 2]) = make_uint2(b0[q], b1[q]);
 }
 
+/* The native FP4 form's staging (NATIVE in mm_kernel): a token row of x_s holds, for each
+ * step of 64 inputs st (tiles 4st..4st + 3 of the chunk), the B fragments b0, b1 of lanes
+ * q = 0..3 (words 8st + 2q, + 1: E2M1 codes in nu order, decode.cuh), and from word NX_SCALES
+ * on the step's four block scales (UE4M3 bytes, a word a step). XN_STRIDE words a token: the
+ * 8-byte loads of a half-warp (4 tokens) cover the 32 banks once. */
+#define NX_SCALES 32
+#define XN_STRIDE 40
+
+/* Stages tile u of a chunk (16 kappa bytes v: E4M3 bytes of E2M1 values; block scale value
+ * xb) into token row xs. Tile u is u0..u3 of its step by u % 4, so lanes q = 2 (u & 1) + e
+ * take it, e = 0 the tile's kappa bytes 0..7, e = 1 bytes 8..15; in nu order their codes
+ * pair up bytes m and 4 + m (kappa word 2e and 2e + 1) in byte m. */
+__device__ __forceinline__ void stage_tile_native(uint32_t *xs, int u, uint4 v, float xb) {
+    const int st = u >> 2, uu = u & 3;
+    uint32_t *b = xs + 8 * st + 4 * (uu & 1) + (uu >> 1); /* lane 2 (u & 1), b0 or b1 */
+    b[0] = e2m1x4_of_e4m3x4(v.x) + e2m1x4_of_e4m3x4(v.y) * 16u;
+    b[2] = e2m1x4_of_e4m3x4(v.z) + e2m1x4_of_e4m3x4(v.w) * 16u;
+    reinterpret_cast<uint8_t *>(xs + NX_SCALES + st)[uu] = (uint8_t)f16x2_to_e4m3x2(
+        __half_as_ushort(__float2half_rn(xb)));
+}
+
 /* acc[s][n + j] += A_s B_j over the 32 inputs of a step for S strips of 16 rows (the lane's A
  * fragments a[s][tile] of its two tiles) and N columns of 8 tokens from column n, B_j the
  * lane's fragments at x + 8 j stride. The N loads go first and the MMAs after, so that no MMA
@@ -159,19 +182,26 @@ __device__ __forceinline__ void mma_step(float (*acc)[C][4], int n, const uint32
                 mma_f16(acc[s][n + j], a[s][h], h ? b[j].z : b[j].x, h ? b[j].w : b[j].y);
 }
 
-template <int K, bool FP4, int NG>
+/* NATIVE (law e2m1 only): Blackwell's block-scaled FP4 MMA takes the place of the f16 one: a
+ * step is 64 inputs, four tiles whose codes (lane_codes_e2m1) and block scales go to the
+ * MMA as they are, one m16n8k64 a step and 8 tokens, the activations staged as E2M1 codes
+ * with their block scales (stage_tile_native). */
+template <int K, bool FP4, int NG, bool NATIVE>
 __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(const mm_params p) {
+    static_assert(FP4 || !NATIVE, "the native FP4 form is law e2m1's");
     constexpr int NW = 8 * K, GT = 8 * NG, BLOCK = FP4 ? 16 : 32;
     constexpr int SW = CHUNK_COLS / BLOCK / 4; /* scale words of a row per chunk: 2 or 4 */
     constexpr bool PRE = NG == 1;              /* activations a chunk ahead, double-buffered */
-    constexpr int XB = PRE ? 2 : 1;
+    constexpr int XB = PRE ? 2 : 1, XS = NATIVE ? XN_STRIDE : X16_STRIDE;
     static_assert(!PRE || GT * MM_CHUNK == MM_WARPS * 32, "a thread stages one tile of a token");
     __shared__ uint4 w_s[2][MM_WARPS][MM_CHUNK * NW / 4]; /* [chunk % 2][warp][tile][8K] */
-    /* [buffer][token][step of 32 inputs][q][tile of the step][b0, b1] f16x2: the B fragments
-     * of a lane (q = lane % 4) for both tiles of a step in one 16-byte load (x_smem bytes). */
+    /* [buffer][token][XS]: f16: [step of 32 inputs][q][tile of the step][b0, b1] f16x2, the B
+     * fragments of a lane (q = lane % 4) for both tiles of a step in one 16-byte load;
+     * NATIVE: stage_tile_native's layout (x_smem bytes hold either). */
     extern __shared__ __align__(16) uint32_t x_dyn[];
-    uint32_t(*x_s)[GT][X16_STRIDE] = reinterpret_cast<uint32_t(*)[GT][X16_STRIDE]>(x_dyn);
-    __shared__ uint8_t lut_s[FP4 ? TRELLIS_LUT : 1]; /* law e2m1: sigma -> value's f16 >> 8 */
+    auto x_row = [&](int buf, int t) { return x_dyn + (buf * GT + t) * XS; };
+    /* law e2m1: sigma -> value's f16 >> 8 (NATIVE: -> code) */
+    __shared__ uint8_t lut_s[FP4 ? TRELLIS_LUT : 1];
     __shared__ int row_s[GT];
 
     mm_group grp;
@@ -179,7 +209,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
     const int z = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, q = lane & 3;
     const int strip = blockIdx.x * MM_WARPS + warp, tiles_c = p.cols / 16;
-    group_tables<FP4>(p, grp, GT, row_s, lut_s);
+    group_tables<FP4, NATIVE>(p, grp, GT, row_s, lut_s);
 
     const uint4 *wsrc = reinterpret_cast<const uint4 *>(
         p.words[z] + ((size_t)grp.expert * (p.rows / 16) + strip) * tiles_c * NW);
@@ -210,7 +240,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
 
     /* A token the group lacks stays zero: nothing stages it. */
     for (int i = threadIdx.x; i < XB * GT * X16_STRIDE; i += blockDim.x) x_dyn[i] = 0u;
-    __syncthreads(); /* row_s, lut_s, x_s */
+    __syncthreads(); /* row_s, lut_s, x_dyn */
     /* The tile u of token t (its 16 kappa bytes) of chunk c, and law e2m1's block scale. */
     auto load_x = [&](int c, int t, int u, uint4 &v, float &xb) {
         const int r = row_s[t];
@@ -231,24 +261,36 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
             xbn = 0.0f;
         }
     };
+    auto stage = [&](int buf, int t, int u, uint4 v, float xb) {
+        if (NATIVE)
+            stage_tile_native(x_row(buf, t), u, v, xb);
+        else
+            stage_tile<FP4>(x_row(buf, t), u, v, xb);
+    };
     if (PRE) {
         load_next(0);
-        if (x_mine) stage_tile<FP4>(x_s[0][xt], xu, xn, xbn);
+        if (x_mine) stage(0, xt, xu, xn, xbn);
         if (n_chunks > 1) load_next(1);
     }
 
     for (int c = 0; c < n_chunks; c++) {
         const int tc = chunk_tiles(c);
-        uint32_t s0[2 * SW], s1[2 * SW]; /* this chunk's block scales as f16 pairs */
+        /* this chunk's block scales as f16 pairs; NATIVE: as they are (a word a step) */
+        uint32_t s0[2 * SW], s1[2 * SW];
 #pragma unroll
         for (int i = 0; i < SW; i++) {
-            e4m3x4_to_f16x2(sn0[i], s0[2 * i], s0[2 * i + 1]);
-            e4m3x4_to_f16x2(sn1[i], s1[2 * i], s1[2 * i + 1]);
+            if (NATIVE) {
+                s0[i] = sn0[i];
+                s1[i] = sn1[i];
+            } else {
+                e4m3x4_to_f16x2(sn0[i], s0[2 * i], s0[2 * i + 1]);
+                e4m3x4_to_f16x2(sn1[i], s1[2 * i], s1[2 * i + 1]);
+            }
         }
         __syncthreads(); /* chunk c - 1 is consumed; PRE: chunk c's activations are staged */
         if (PRE) {
             if (c + 1 < n_chunks) {
-                if (x_mine) stage_tile<FP4>(x_s[(c + 1) & 1][xt], xu, xn, xbn);
+                if (x_mine) stage((c + 1) & 1, xt, xu, xn, xbn);
                 if (c + 2 < n_chunks) load_next(c + 2);
             }
         } else { /* loads in batches of 4 tiles a thread: one wait for memory per batch */
@@ -267,7 +309,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
                 for (int j = 0; j < BATCH; j++) {
                     const int i = (b + j) * MM_WARPS * 32 + threadIdx.x;
                     const int t = i / MM_CHUNK, u = i % MM_CHUNK;
-                    if (row_s[t] >= 0 && u < tc) stage_tile<FP4>(x_s[0][t], u, v[j], xb[j]);
+                    if (row_s[t] >= 0 && u < tc) stage(0, t, u, v[j], xb[j]);
                 }
             }
         }
@@ -284,7 +326,31 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
         if (c + 1 < n_chunks) load_scales(c + 1);
 
         const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[c & 1][warp]);
-        const uint32_t *xq = x_s[c % XB][g]; /* the lane's token row of the first column */
+        const uint32_t *xq = x_row(c % XB, g); /* the lane's token row of the first column */
+        if constexpr (NATIVE) {
+            auto step = [&](int st) { /* 64 inputs: tiles 4st .. 4st + 3 */
+                uint32_t a[4];
+                lane_codes_e2m1<K>(tw + 4 * st * NW, tw + (4 * st + 1) * NW, lw, sum, lut_s,
+                                   a[0], a[1]);
+                lane_codes_e2m1<K>(tw + (4 * st + 2) * NW, tw + (4 * st + 3) * NW, lw, sum,
+                                   lut_s, a[2], a[3]);
+                const uint32_t sa = q & 1 ? s1[st] : s0[st]; /* lanes 0, 1: rows g, g + 8 */
+#pragma unroll
+                for (int n = 0; n < NG; n++) {
+                    if (n && 8 * n >= grp.count) break;
+                    const uint32_t *xn = xq + 8 * n * XS;
+                    const uint2 b = *reinterpret_cast<const uint2 *>(xn + 8 * st + 2 * q);
+                    mma_e2m1(acc[0][n], a, b.x, b.y, sa, xn[NX_SCALES + st]);
+                }
+            };
+#pragma unroll
+            for (int half = 0; half < 2; half++) { /* a short chunk is its first half */
+                if (half && tc < MM_CHUNK) break;
+#pragma unroll
+                for (int st = 0; st < MM_CHUNK / 8; st++) step(half * (MM_CHUNK / 8) + st);
+            }
+            continue;
+        }
         auto step = [&](int st) { /* 32 inputs: tiles 2st, 2st + 1 */
             uint32_t a[2][4];
 #pragma unroll
@@ -303,7 +369,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
 #pragma unroll
             for (int n = 0; n < NG; n += N) {
                 if (n && 8 * n >= grp.count) break; /* no tokens left in the group */
-                mma_step<N, 1>(acc, n, &a, xq + 8 * n * X16_STRIDE + x_word(st, q), X16_STRIDE);
+                mma_step<N, 1>(acc, n, &a, xq + 8 * n * XS + x_word(st, q), XS);
             }
         };
 #pragma unroll
@@ -669,15 +735,16 @@ __global__ void stage_kernel(const mm_params p) {
 /* One group size's kernel with its dynamic shared memory. With the static part it passes the
  * default 48 KB at 64 tokens, which needs the attribute; the GEMV's stays under 36 KB, so the
  * decode step makes no extra host call. */
-template <int K, bool FP4, int NG>
+template <int K, bool FP4, int NG, bool NATIVE>
 static cudaError_t launch_ng(const mm_params &p, dim3 grid, cudaStream_t stream) {
     const size_t smem = x_smem(8 * NG);
     if (NG > 1) {
-        const cudaError_t e = cudaFuncSetAttribute(
-            mm_kernel<K, FP4, NG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        const cudaError_t e =
+            cudaFuncSetAttribute(mm_kernel<K, FP4, NG, NATIVE>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
     }
-    mm_kernel<K, FP4, NG><<<grid, MM_WARPS * 32, smem, stream>>>(p);
+    mm_kernel<K, FP4, NG, NATIVE><<<grid, MM_WARPS * 32, smem, stream>>>(p);
     return cudaGetLastError();
 }
 
@@ -701,21 +768,42 @@ static cudaError_t launch_wide(const mm_params &p, dim3 grid, cudaStream_t strea
     return cudaGetLastError();
 }
 
+/* The current device's compute capability major, 0 if it cannot be had. */
+static int device_major() {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+                   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
+                       cudaSuccess
+               ? major
+               : 0;
+}
+
 /* Whether the wide GEMM takes its wgmma form: on Hopper (sm_90a code), unless asked for the
  * mma.sync form (TRELLIS_CUDA_MMA_SYNC). */
 static bool wide_wgmma(int group) {
-    int dev = 0, major = 0;
-    return !(group & TRELLIS_CUDA_MMA_SYNC) && cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-               cudaSuccess &&
-           major == 9;
+    return !(group & TRELLIS_CUDA_MMA_SYNC) && device_major() == 9;
+}
+
+/* Whether law e2m1's GEMV and grouped GEMM take the native FP4 form: on Blackwell (sm_120a
+ * code), or anywhere when asked (TRELLIS_CUDA_NATIVE_FP4), unless asked for mma.sync's f16. */
+static bool fp4_native(int group) {
+    return !(group & TRELLIS_CUDA_MMA_SYNC) &&
+           (group & TRELLIS_CUDA_NATIVE_FP4 || device_major() == 12);
+}
+
+template <int K, bool FP4, int NG>
+static cudaError_t launch_grouped(int group, const mm_params &p, dim3 grid,
+                                  cudaStream_t stream) {
+    if constexpr (FP4)
+        if (fp4_native(group)) return launch_ng<K, FP4, NG, true>(p, grid, stream);
+    return launch_ng<K, FP4, NG, false>(p, grid, stream);
 }
 
 template <int K, bool FP4>
 static cudaError_t launch_k(int group, const mm_params &p, dim3 grid, cudaStream_t stream) {
-    switch (group & ~TRELLIS_CUDA_MMA_SYNC) {
-    case MM_GROUP_SMALL: return launch_ng<K, FP4, MM_GROUP_SMALL / 8>(p, grid, stream);
-    case MM_GROUP_LARGE: return launch_ng<K, FP4, MM_GROUP_LARGE / 8>(p, grid, stream);
+    switch (group & ~TRELLIS_CUDA_FORMS) {
+    case MM_GROUP_SMALL: return launch_grouped<K, FP4, MM_GROUP_SMALL / 8>(group, p, grid, stream);
+    case MM_GROUP_LARGE: return launch_grouped<K, FP4, MM_GROUP_LARGE / 8>(group, p, grid, stream);
     case MM_GROUP_WIDE:
         return wide_wgmma(group) ? launch_wide<K, FP4, MM_GROUP_WIDE, true>(p, grid, stream)
                                  : launch_wide<K, FP4, MM_GROUP_WIDE, false>(p, grid, stream);
@@ -790,6 +878,41 @@ __global__ void decode_kernel(const uint32_t *words, int n_tiles, const uint8_t 
     }
 }
 
+/* The E4M3 byte of an E2M1 code's value (§1.2). */
+__device__ __forceinline__ uint8_t e4m3_of_e2m1(uint32_t c) {
+    const uint32_t m = c & 7u;
+    return (uint8_t)((c & 8u) << 4 | (m < 2 ? 0x30u * m : 4u * m + 48u));
+}
+
+/* The native form's check: tiles 2i, 2i + 1 as the pair (u0, u1) of lane_codes_e2m1, each
+ * lane's codes back to their trellis positions (nu order) as the E4M3 bytes of their values. */
+template <int K>
+__global__ void decode_native_kernel(const uint32_t *words, int n_tiles, const uint8_t *lut,
+                                     uint8_t *out) {
+    constexpr int NW = 8 * K;
+    __shared__ uint32_t w_s[2 * NW];
+    __shared__ uint8_t nib_s[TRELLIS_LUT];
+    const int lane = threadIdx.x, g = lane >> 2, q = lane & 3;
+    for (int i = lane; i < TRELLIS_LUT; i += 32) nib_s[i] = (uint8_t)e2m1x4_of_e4m3x4(lut[i]);
+    const lane_window lw = lane_window_of<K>(lane);
+    uint32_t sum[2];
+    sum_bytes(sum, lane);
+    for (int t = 2 * blockIdx.x; t < n_tiles; t += 2 * gridDim.x) {
+        __syncwarp();
+        for (int i = lane; i < 2 * NW; i += 32) w_s[i] = words[(size_t)t * NW + i];
+        __syncwarp();
+        uint32_t r[2];
+        lane_codes_e2m1<K>(w_s, w_s + NW, lw, sum, nib_s, r[0], r[1]);
+        uint8_t *o = out + (size_t)(t + (q >> 1)) * 256;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int pos = 8 * (4 * g + 2 * (q & 1) + (i & 1)) + (i >> 1);
+            o[pos] = e4m3_of_e2m1(r[0] >> 4 * i);
+            o[pos + 4] = e4m3_of_e2m1(r[1] >> 4 * i);
+        }
+    }
+}
+
 template <bool FP4>
 static cudaError_t decode_law(int K, const uint32_t *words, int n_tiles, const uint8_t *lut,
                               uint8_t *out, cudaStream_t stream) {
@@ -800,6 +923,20 @@ static cudaError_t decode_law(int K, const uint32_t *words, int n_tiles, const u
     case 4: decode_kernel<4, FP4><<<blocks, 32, 0, stream>>>(words, n_tiles, lut, out); break;
     case 5: decode_kernel<5, FP4><<<blocks, 32, 0, stream>>>(words, n_tiles, lut, out); break;
     case 6: decode_kernel<6, FP4><<<blocks, 32, 0, stream>>>(words, n_tiles, lut, out); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+static cudaError_t decode_native(int K, const uint32_t *words, int n_tiles, const uint8_t *lut,
+                                 uint8_t *out, cudaStream_t stream) {
+    const int blocks = n_tiles / 2 < 4096 ? n_tiles / 2 : 4096;
+    switch (K) {
+    case 2: decode_native_kernel<2><<<blocks, 32, 0, stream>>>(words, n_tiles, lut, out); break;
+    case 3: decode_native_kernel<3><<<blocks, 32, 0, stream>>>(words, n_tiles, lut, out); break;
+    case 4: decode_native_kernel<4><<<blocks, 32, 0, stream>>>(words, n_tiles, lut, out); break;
+    case 5: decode_native_kernel<5><<<blocks, 32, 0, stream>>>(words, n_tiles, lut, out); break;
+    case 6: decode_native_kernel<6><<<blocks, 32, 0, stream>>>(words, n_tiles, lut, out); break;
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
@@ -816,14 +953,22 @@ extern "C" int trellis_cuda_decode_tiles(int fp4, int K, const uint8_t *lut_host
                                          const uint32_t *words, int n_tiles, uint8_t *out,
                                          void *stream, char *msg, size_t size) {
     cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const bool native = fp4 & TRELLIS_CUDA_NATIVE_FP4;
+    fp4 &= ~TRELLIS_CUDA_NATIVE_FP4;
+    if (native && (!fp4 || n_tiles % 2)) {
+        snprintf(msg, size, "decode: the native form is law e2m1's, tiles in pairs (%d tiles)",
+                 n_tiles);
+        return 1;
+    }
     uint8_t *lut = NULL;
     if (fp4 && (failed(cudaMallocAsync(&lut, TRELLIS_LUT, s), "decode: cudaMallocAsync", msg,
                        size) ||
                 failed(cudaMemcpyAsync(lut, lut_host, 1021, cudaMemcpyHostToDevice, s),
                        "decode: copy of the table", msg, size)))
         return 1;
-    cudaError_t e = fp4 ? decode_law<true>(K, words, n_tiles, lut, out, s)
-                        : decode_law<false>(K, words, n_tiles, lut, out, s);
+    cudaError_t e = native ? decode_native(K, words, n_tiles, lut, out, s)
+                    : fp4  ? decode_law<true>(K, words, n_tiles, lut, out, s)
+                           : decode_law<false>(K, words, n_tiles, lut, out, s);
     if (lut && e == cudaSuccess) e = cudaFreeAsync(lut, s);
     if (e == cudaSuccess) e = cudaStreamSynchronize(s);
     return failed(e, "decode", msg, size);
@@ -839,9 +984,9 @@ extern "C" int trellis_cuda_group(int tokens, long pairs, int experts) {
     return pairs < (long)MM_WIDER_FROM * experts ? MM_GROUP_WIDE : MM_GROUP_WIDER;
 }
 
-/* The group's size (its tokens), TRELLIS_CUDA_MMA_SYNC aside. */
+/* The group's size (its tokens), the forms asked for aside. */
 static int matmul_group(int group, int m, int n_experts) {
-    group &= ~TRELLIS_CUDA_MMA_SYNC;
+    group &= ~TRELLIS_CUDA_FORMS;
     return group ? group : trellis_cuda_group(m, (long)m * n_experts, n_experts);
 }
 
@@ -854,7 +999,7 @@ extern "C" int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uin
                                    int rows, int cols, const uint8_t *x, const float *a,
                                    const float *xb, int m, int group, void *work, float *y,
                                    void *stream, char *msg, size_t size) {
-    const int form = group & TRELLIS_CUDA_MMA_SYNC;
+    const int form = group & TRELLIS_CUDA_FORMS;
     group = matmul_group(group, m, n_experts);
     if (rows % 128 || cols % 128 || m < 1 || n_experts < 1) {
         snprintf(msg, size, "matmul: [%d][%d] x %d tokens of %d experts", rows, cols, m,

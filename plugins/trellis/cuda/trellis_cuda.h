@@ -60,7 +60,9 @@ int trellis_cuda_moe(struct trellis_cuda_scratch **scratch, const struct trellis
 
 /* The bit-exactness check: out[n_tiles][256] <- the operand bytes each lane decodes into its
  * MMA registers (bytes 8l..8l+7 from lane l, trellis order) for the tiles words[n_tiles][8K];
- * law e2m1 gives E4M3 bytes of its values. Waits for the result. */
+ * law e2m1 gives E4M3 bytes of its values. fp4: 0 (law e4m3), 1 (law e2m1), or
+ * 1 | TRELLIS_CUDA_NATIVE_FP4: law e2m1's codes as the native FP4 form puts them in its
+ * registers (tiles in pairs: n_tiles even). Waits for the result. */
 int trellis_cuda_decode_tiles(int fp4, int K, const uint8_t *lut_host, const uint32_t *words,
                               int n_tiles, uint8_t *out, void *stream, char *msg, size_t size);
 
@@ -73,11 +75,20 @@ int trellis_cuda_group(int tokens, long pairs, int experts);
  * e-major) and m tokens per expert, x[e][m][cols] in kappa order with token scales a[e][m]
  * (law e2m1: block scales xb[e][m][cols/16] as f32 values, and lut[1024] its table on the
  * device). group: the kernel's tokens per group (8: the GEMV, 64: the grouped GEMM, 128 or
- * 256: the wide GEMM), or 0 for the one the expert block would pick at m tokens an expert;
- * with TRELLIS_CUDA_MMA_SYNC, the wide GEMM takes its mma.sync form on Hopper too (where it
- * would take wgmma; the bench checks and times both). work: device scratch of
- * trellis_cuda_matmul_work bytes (NULL where that is 0). Queued, no wait. */
+ * 256: the wide GEMM), or 0 for the one the expert block would pick at m tokens an expert,
+ * with the form of the kernels, which the expert block picks by the device, asked for by
+ * these flags (the bench checks and times each form):
+ * - TRELLIS_CUDA_MMA_SYNC: f16 mma.sync everywhere: the wide GEMM's mma.sync form on Hopper
+ *   (where it would take wgmma), and law e2m1's f16 form on Blackwell (where it would take the
+ *   native one);
+ * - TRELLIS_CUDA_NATIVE_FP4: law e2m1's GEMV and grouped GEMM in the native form, Blackwell's
+ *   block-scaled FP4 mma.m16n8k64 (sm_120a), on any GPU: off sm_120a, an emulation of that
+ *   instruction (decode.cuh, mma_e2m1), for the checks only.
+ * work: device scratch of trellis_cuda_matmul_work bytes (NULL where that is 0). Queued, no
+ * wait. */
 #define TRELLIS_CUDA_MMA_SYNC 0x10000
+#define TRELLIS_CUDA_NATIVE_FP4 0x20000
+#define TRELLIS_CUDA_FORMS (TRELLIS_CUDA_MMA_SYNC | TRELLIS_CUDA_NATIVE_FP4)
 size_t trellis_cuda_matmul_work(int n_experts, int cols, int m, int group);
 int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uint32_t *words,
                         const uint8_t *scales, const float *g, int n_experts, int rows,

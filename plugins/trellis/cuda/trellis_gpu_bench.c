@@ -130,16 +130,20 @@ static void law_lut(const struct tmx_trellis_law *law, uint8_t lut[1024]) {
                                                  : law->code[s];
 }
 
+/* Law e4m3, law e2m1 as f16 operands, and law e2m1 as the native FP4 form's codes. */
 static void check_decode(cudaStream_t s) {
     enum { TILES = 16384 };
+    static const int forms[3] = {0, 1, 1 | TRELLIS_CUDA_NATIVE_FP4};
     jprintf("\"decode\": [");
     tprintf("\ndecode, device lanes vs CPU reference, %d tiles each:\n", TILES);
-    for (int fp4 = 0; fp4 < 2; fp4++) {
+    for (int f = 0; f < 3; f++) {
+        const int fp4 = forms[f] & 1;
+        const char *form = f == 2 ? "fp4-mma" : "f16";
         struct tmx_trellis_law law;
         law_init(&law, fp4);
         uint8_t lut[1024];
         law_lut(&law, lut);
-        tprintf("  %s:", law_name(fp4));
+        tprintf("  %s %-7s:", law_name(fp4), form);
         for (int K = TMX_TRELLIS_K_MIN; K <= TMX_TRELLIS_K_MAX; K++) {
             const int nw = tmx_trellis_words(K);
             uint32_t *w = xmalloc((size_t)TILES * nw * 4);
@@ -155,7 +159,7 @@ static void check_decode(cudaStream_t s) {
             uint8_t *dout;
             CK(cudaMalloc((void **)&dout, (size_t)TILES * 256));
             char msg[256];
-            if (trellis_cuda_decode_tiles(fp4, K, lut, dw, TILES, dout, s, msg, sizeof msg)) {
+            if (trellis_cuda_decode_tiles(forms[f], K, lut, dw, TILES, dout, s, msg, sizeof msg)) {
                 fprintf(stderr, "trellis-gpu-bench: %s\n", msg);
                 exit(2);
             }
@@ -163,8 +167,9 @@ static void check_decode(cudaStream_t s) {
             long bad = 0;
             for (size_t i = 0; i < (size_t)TILES * 256; i++) bad += got[i] != want[i];
             failures += bad != 0;
-            jprintf("%s{\"law\": \"%s\", \"K\": %d, \"tiles\": %d, \"bytes_differing\": %ld}",
-                    fp4 || K > 2 ? ", " : "", law_name(fp4), K, TILES, bad);
+            jprintf("%s{\"law\": \"%s\", \"form\": \"%s\", \"K\": %d, \"tiles\": %d, "
+                    "\"bytes_differing\": %ld}",
+                    f || K > 2 ? ", " : "", law_name(fp4), form, K, TILES, bad);
             tprintf(" K%d %s", K, bad ? "DIFFERS" : "equal");
             CK(cudaFree(dw));
             CK(cudaFree(dout));
@@ -312,12 +317,23 @@ static double matmul_error(const struct host_matrix *hm, int m, int group, cudaS
     return sqrt(num / den);
 }
 
-/* Whether the device is a Hopper one, where the wide GEMM takes its wgmma form. */
-static int hopper(void) {
+/* The device's compute capability major: 9 (Hopper) takes the wide GEMM's wgmma form, 12
+ * (Blackwell, sm_120) law e2m1's native FP4 form. */
+static int device_major(void) {
     int dev, major;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    return major == 9;
+    return major;
+}
+
+/* The name of the form a matmul case runs in. */
+static const char *form_name(int fp4, int group, int major) {
+    const int size = group & ~TRELLIS_CUDA_FORMS;
+    if (group & TRELLIS_CUDA_MMA_SYNC) return "mma.sync";
+    if (size >= 128) return major == 9 ? "wgmma" : "mma.sync";
+    if (fp4 && (group & TRELLIS_CUDA_NATIVE_FP4 || major == 12))
+        return major == 12 ? "fp4-mma" : "fp4-mma (emulated)";
+    return "mma.sync";
 }
 
 /* The matmul's error on hm at every case (printed when `print`), into the JSON list (*first:
@@ -326,17 +342,21 @@ static void matmul_cases(struct host_matrix *hm, const char *data, int print, in
                          double *worst, cudaStream_t s) {
     /* Every kernel: tokens, and the group (0: the expert block's pick), full and partial groups,
      * several a matrix, and groups with whole warps of MMA columns left empty; the wide GEMM in
-     * both forms (wgmma on Hopper, and mma.sync). */
-    enum { NC = 18, SYNC = TRELLIS_CUDA_MMA_SYNC };
-    static const int tokens[NC] = {1, 8, 40, 67, 200, 40, 67, 200, 300,
-                                   40, 200, 300, 40, 67, 200, 300, 40, 300};
+     * both forms (wgmma on Hopper, and mma.sync); law e2m1's GEMV and grouped GEMM in both
+     * (the native FP4 form, emulated off Blackwell, and f16 mma.sync). */
+    enum { NC = 25, SYNC = TRELLIS_CUDA_MMA_SYNC, NAT = TRELLIS_CUDA_NATIVE_FP4 };
+    static const int tokens[NC] = {1,  8,  40, 67, 200, 40, 67, 200, 300, 40, 200, 300, 40,
+                                   67, 200, 300, 40, 300, 1, 8, 40, 67, 200, 1, 67};
     static const int groups[NC] = {0, 0, 64, 64, 64, 128, 128, 128, 128, 256, 256, 256,
                                    128 | SYNC, 128 | SYNC, 128 | SYNC, 128 | SYNC,
-                                   256 | SYNC, 256 | SYNC};
-    const int wgmma = hopper();
+                                   256 | SYNC, 256 | SYNC, 8 | NAT, 8 | NAT, 64 | NAT,
+                                   64 | NAT, 64 | NAT, 8 | SYNC, 64 | SYNC};
+    const int major = device_major();
     for (int i = 0; i < NC; i++) {
-        const int size = groups[i] & ~SYNC;
-        const char *form = size >= 128 && !(groups[i] & SYNC) && wgmma ? "wgmma" : "mma.sync";
+        const int size = groups[i] & ~TRELLIS_CUDA_FORMS;
+        if (size < 128 && groups[i] & TRELLIS_CUDA_FORMS && !hm->fp4)
+            continue; /* law e4m3 has one form below 128 */
+        const char *form = form_name(hm->fp4, groups[i], major);
         const double err = matmul_error(hm, tokens[i], groups[i], s);
         *worst = err > *worst ? err : *worst;
         failures += !(err <= MATMUL_TOL);
@@ -752,7 +772,7 @@ static void time_groups(const uint32_t *words, const uint8_t *scales, cudaStream
     static const int tokens[NM] = {16, 32, 64, 128, 256, MMAX};
     static const int groups[NG] = {64, 128, 256, 128 | SYNC, 256 | SYNC};
     const int K = 3;
-    const char *wide = hopper() ? "wgmma" : "mma.sync";
+    const char *wide = device_major() == 9 ? "wgmma" : "mma.sync";
     struct mm_bufs b = mm_bufs_new(words, 8 * K, scales, MMAX);
     jprintf(", \"matmul_groups\": {\"K\": 3, \"tokens_per_expert\": [");
     for (int i = 0; i < NM; i++) jprintf("%s%d", i ? ", " : "", tokens[i]);
