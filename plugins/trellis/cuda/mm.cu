@@ -784,11 +784,12 @@ static bool wide_wgmma(int group) {
     return !(group & TRELLIS_CUDA_MMA_SYNC) && device_major() == 9;
 }
 
-/* Whether law e2m1's GEMV and grouped GEMM take the native FP4 form: on Blackwell (sm_120a
- * code), or anywhere when asked (TRELLIS_CUDA_NATIVE_FP4), unless asked for mma.sync's f16. */
+/* Whether law e2m1's GEMV and grouped GEMM take the native FP4 form: only when asked
+ * (TRELLIS_CUDA_NATIVE_FP4). It has run only as the emulation, and on sm_120a it issues as many
+ * instructions a tile as the f16 form (docs/perf/h200-codec.md), so it waits for a Blackwell
+ * to be timed on before the expert block takes it. */
 static bool fp4_native(int group) {
-    return !(group & TRELLIS_CUDA_MMA_SYNC) &&
-           (group & TRELLIS_CUDA_NATIVE_FP4 || device_major() == 12);
+    return !(group & TRELLIS_CUDA_MMA_SYNC) && group & TRELLIS_CUDA_NATIVE_FP4;
 }
 
 template <int K, bool FP4, int NG>

@@ -77,13 +77,13 @@ int trellis_cuda_group(int tokens, long pairs, int experts);
  * device). group: the kernel's tokens per group (8: the GEMV, 64: the grouped GEMM, 128 or
  * 256: the wide GEMM), or 0 for the one the expert block would pick at m tokens an expert,
  * with the form of the kernels, which the expert block picks by the device, asked for by
- * these flags (the bench checks and times each form):
- * - TRELLIS_CUDA_MMA_SYNC: f16 mma.sync everywhere: the wide GEMM's mma.sync form on Hopper
- *   (where it would take wgmma), and law e2m1's f16 form on Blackwell (where it would take the
- *   native one);
+ * these flags (the bench checks each form):
+ * - TRELLIS_CUDA_MMA_SYNC: f16 mma.sync everywhere (the wide GEMM's mma.sync form on Hopper,
+ *   where it would take wgmma);
  * - TRELLIS_CUDA_NATIVE_FP4: law e2m1's GEMV and grouped GEMM in the native form, Blackwell's
- *   block-scaled FP4 mma.m16n8k64 (sm_120a), on any GPU: off sm_120a, an emulation of that
- *   instruction (decode.cuh, mma_e2m1), for the checks only.
+ *   block-scaled FP4 mma.m16n8k64 (sm_120a), which the expert block does not take yet: on
+ *   sm_120a the instruction (never run: no Blackwell here), elsewhere an emulation of it
+ *   (decode.cuh, mma_e2m1) that lets the checks verify the form's layout on any GPU.
  * work: device scratch of trellis_cuda_matmul_work bytes (NULL where that is 0). Queued, no
  * wait. */
 #define TRELLIS_CUDA_MMA_SYNC 0x10000

@@ -317,8 +317,7 @@ static double matmul_error(const struct host_matrix *hm, int m, int group, cudaS
     return sqrt(num / den);
 }
 
-/* The device's compute capability major: 9 (Hopper) takes the wide GEMM's wgmma form, 12
- * (Blackwell, sm_120) law e2m1's native FP4 form. */
+/* The device's compute capability major: 9 (Hopper) takes the wide GEMM's wgmma form. */
 static int device_major(void) {
     int dev, major;
     CK(cudaGetDevice(&dev));
@@ -331,7 +330,7 @@ static const char *form_name(int fp4, int group, int major) {
     const int size = group & ~TRELLIS_CUDA_FORMS;
     if (group & TRELLIS_CUDA_MMA_SYNC) return "mma.sync";
     if (size >= 128) return major == 9 ? "wgmma" : "mma.sync";
-    if (fp4 && (group & TRELLIS_CUDA_NATIVE_FP4 || major == 12))
+    if (fp4 && group & TRELLIS_CUDA_NATIVE_FP4)
         return major == 12 ? "fp4-mma" : "fp4-mma (emulated)";
     return "mma.sync";
 }
@@ -342,20 +341,19 @@ static void matmul_cases(struct host_matrix *hm, const char *data, int print, in
                          double *worst, cudaStream_t s) {
     /* Every kernel: tokens, and the group (0: the expert block's pick), full and partial groups,
      * several a matrix, and groups with whole warps of MMA columns left empty; the wide GEMM in
-     * both forms (wgmma on Hopper, and mma.sync); law e2m1's GEMV and grouped GEMM in both
-     * (the native FP4 form, emulated off Blackwell, and f16 mma.sync). */
-    enum { NC = 25, SYNC = TRELLIS_CUDA_MMA_SYNC, NAT = TRELLIS_CUDA_NATIVE_FP4 };
-    static const int tokens[NC] = {1,  8,  40, 67, 200, 40, 67, 200, 300, 40, 200, 300, 40,
-                                   67, 200, 300, 40, 300, 1, 8, 40, 67, 200, 1, 67};
+     * both forms (wgmma on Hopper, and mma.sync); law e2m1's GEMV and grouped GEMM also in the
+     * native FP4 form (emulated off Blackwell). */
+    enum { NC = 23, SYNC = TRELLIS_CUDA_MMA_SYNC, NAT = TRELLIS_CUDA_NATIVE_FP4 };
+    static const int tokens[NC] = {1,  8,  40, 67, 200, 40, 67, 200, 300, 40, 200, 300,
+                                   40, 67, 200, 300, 40, 300, 1, 8, 40, 67, 200};
     static const int groups[NC] = {0, 0, 64, 64, 64, 128, 128, 128, 128, 256, 256, 256,
                                    128 | SYNC, 128 | SYNC, 128 | SYNC, 128 | SYNC,
                                    256 | SYNC, 256 | SYNC, 8 | NAT, 8 | NAT, 64 | NAT,
-                                   64 | NAT, 64 | NAT, 8 | SYNC, 64 | SYNC};
+                                   64 | NAT, 64 | NAT};
     const int major = device_major();
     for (int i = 0; i < NC; i++) {
         const int size = groups[i] & ~TRELLIS_CUDA_FORMS;
-        if (size < 128 && groups[i] & TRELLIS_CUDA_FORMS && !hm->fp4)
-            continue; /* law e4m3 has one form below 128 */
+        if (groups[i] & NAT && !hm->fp4) continue; /* the native form is law e2m1's */
         const char *form = form_name(hm->fp4, groups[i], major);
         const double err = matmul_error(hm, tokens[i], groups[i], s);
         *worst = err > *worst ? err : *worst;
