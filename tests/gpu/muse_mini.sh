@@ -2,8 +2,8 @@
 # tests/gpu/muse_mini.sh: the trained default model on a GPU machine, CPU against CUDA.
 #
 # Run from the repo root through the device tool after tests/gpu/prepare.sh (binaries in
-# .devbin, libraries in .devlibs), with models/muse-mini in the tree:
-#   run(command="bash tests/gpu/muse_mini.sh", carry=[".devbin", ".devlibs"])
+# .devbin, libraries in .devlibs, packed in .devpack.tar.xz), with models/muse-mini in the tree:
+#   run(command="bash tests/gpu/muse_mini.sh", carry=[".devpack.tar.xz"])
 # Steps, each logged under $OUT:
 #   1. tmx quantize muse-mini to K3 with both codecs on the machine's cores (the builds are too
 #      large to carry beside the teacher: the device tool takes 64 MiB)
@@ -17,6 +17,8 @@ cd "$root"
 OUT=${OUT:-/tmp/tmx-gpu}
 mkdir -p "$OUT"
 bin=$root/.devbin
+. "$root/tests/gpu/devpack.sh"
+devpack_unpack || exit 1
 . "$root/tests/gpu/cublaslt.sh"
 lt=$(cublaslt_dir)
 export LD_LIBRARY_PATH=$bin:$root/.devlibs${lt:+:$lt}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -4,16 +4,17 @@
 #   .devbin/     tmx, libtmx.so, the plugins and tmx-graph-check from BUILD/bin (no unit tests)
 #   .devlibs/    the shared libraries they need that are neither glibc's nor CUDA's (ldd)
 #   .devmodels/  muse-tiny in BF16 and F32 (tools/make_tiny_model.py)
+# and packs the three into .devpack.tar.xz (tests/gpu/devpack.sh unpacks it there).
 # Usage, from the repo root after building with nvcc present:
 #   tests/gpu/prepare.sh [BUILD]        (default build-cuda)
-# then run tests/gpu/run.sh on the GPU machine carrying .devbin, .devlibs and .devmodels.
+# then run tests/gpu/run.sh or muse_mini.sh on the GPU machine carrying .devpack.tar.xz.
 set -euo pipefail
 build=${1:-build-cuda}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 [ -x "$build/bin/tmx" ] && [ -f "$build/bin/libtmx-kernels-cuda.so" ] ||
     { echo "prepare.sh: $build/bin lacks tmx or libtmx-kernels-cuda.so: build with nvcc first" >&2; exit 1; }
-for d in .devbin .devlibs .devmodels; do
+for d in .devbin .devlibs .devmodels .devpack.tar.xz; do
     grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude
 done
 rm -rf .devbin .devlibs
@@ -36,4 +37,5 @@ for dt in bf16 f32; do
     [ -f .devmodels/muse-tiny-$dt/config.json ] ||
         "$py" tools/make_tiny_model.py .devmodels/muse-tiny-$dt --dtype $dt > /dev/null
 done
-du -sh .devbin .devlibs .devmodels
+tar cJf .devpack.tar.xz .devbin .devlibs .devmodels
+du -sh .devbin .devlibs .devmodels .devpack.tar.xz

@@ -4,7 +4,7 @@
 # Here (no GPU needed; nvcc must be present so that kernels/cuda is built):
 #   cmake -S . -B build-cuda && cmake --build build-cuda -j4 && tests/gpu/prepare.sh build-cuda
 # There, through the device tool, from the repo root:
-#   run(command="bash tests/gpu/run.sh", carry=[".devbin", ".devlibs", ".devmodels"])
+#   run(command="bash tests/gpu/run.sh", carry=[".devpack.tar.xz"])
 #
 # Steps, each logged under $OUT:
 #   1. nvidia-smi                                   gpu.txt
@@ -25,7 +25,9 @@ cd "$root"
 OUT=${OUT:-/tmp/tmx-gpu}
 mkdir -p "$OUT/logs"
 bin=$root/.devbin
-[ -x "$bin/tmx" ] || { echo "run.sh: .devbin/tmx missing: run tests/gpu/prepare.sh and carry .devbin" >&2; exit 1; }
+. "$root/tests/gpu/devpack.sh"
+devpack_unpack || exit 1
+[ -x "$bin/tmx" ] || { echo "run.sh: .devbin/tmx missing: run tests/gpu/prepare.sh and carry .devpack.tar.xz" >&2; exit 1; }
 
 # cuBLASLt comes from the machine's toolkit (or its pip wheel): too large to carry.
 . "$root/tests/gpu/cublaslt.sh"
