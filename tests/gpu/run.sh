@@ -27,7 +27,10 @@ mkdir -p "$OUT/logs"
 bin=$root/.devbin
 . "$root/tests/gpu/devpack.sh"
 devpack_unpack || exit 1
-[ -x "$bin/tmx" ] || { echo "run.sh: .devbin/tmx missing: run tests/gpu/prepare.sh and carry .devpack.tar.xz" >&2; exit 1; }
+[ -x "$bin/tmx" ] || {
+    echo "run.sh: .devbin/tmx missing: run tests/gpu/prepare.sh and carry .devpack.tar.xz" >&2
+    exit 1
+}
 
 # cuBLASLt comes from the machine's toolkit (or its pip wheel): too large to carry.
 . "$root/tests/gpu/cublaslt.sh"

@@ -3,7 +3,8 @@
  * values at the spec's positions; the lanes' states, byte-sum MMAs, A fragments and staged
  * activations, put through mma.m16n8k32 (u8) and mma.m16n8k16 (f16) as the PTX ISA lays out
  * their fragments (emulated), give the spec's values at the positions the kernels assume and
- * W x exactly; and both codec plugins carry the device ops, refusing a kernel set other than
+ * W x exactly, and so do the native FP4 form's codes and staging through the block-scaled
+ * mma.m16n8k64; and both codec plugins carry the device ops, refusing a kernel set other than
  * "cuda". */
 #include <dlfcn.h>
 #include <setjmp.h>
@@ -200,6 +201,143 @@ static void test_mma_layout(void **state) {
     }
 }
 
+/* e2m1x4_of_e4m3x4 one byte at a time: the E2M1 code of an E4M3 byte holding an E2M1 value. */
+static uint32_t e2m1_of_e4m3(uint32_t b) {
+    const uint32_t mag = b & 0x7f, e = mag >> 2;
+    return ((e > 12 ? e - 12 : 0) + (mag == 0x30)) | (b >> 4 & 8);
+}
+
+/* mma.m16n8k64 .kind::mxf4nvf4 .block_scale.scale_vec::4X in double, as the PTX ISA lays it
+ * out: a_i code j (bits 4j..) at row g + 8(i & 1), column 8q + j + 32(i >> 1); b_i code j at row
+ * 8q + j + 32i, column g; scale byte k of row g (g + 8) from lane 4g (4g + 1), of column g from
+ * lane 4g, for columns (rows) 16k..16k + 15; d_i at row g + 8(i >> 1), column 2q + (i & 1). */
+static void mma_e2m1(const uint32_t a[32][4], const uint32_t b[32][2], const uint32_t sa[32],
+                     const uint32_t sb[32], double d[32][4]) {
+    double A[16][64], B[64][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, q = l & 3;
+        for (int j = 0; j < 8; j++) {
+            for (int i = 0; i < 4; i++)
+                A[g + 8 * (i & 1)][8 * q + j + 32 * (i >> 1)] =
+                    tmx_trellis_e2m1_to_f32(a[l][i] >> (4 * j) & 0xf);
+            for (int i = 0; i < 2; i++)
+                B[8 * q + j + 32 * i][g] = tmx_trellis_e2m1_to_f32(b[l][i] >> (4 * j) & 0xf);
+        }
+    }
+    for (int l = 0; l < 32; l++)
+        for (int i = 0; i < 4; i++) {
+            const int r = (l >> 2) + 8 * (i >> 1), n = 2 * (l & 3) + (i & 1);
+            const uint32_t sr = sa[4 * (r & 7) + (r >> 3)], sn = sb[4 * n];
+            double sum = 0.0;
+            for (int k = 0; k < 64; k++)
+                sum += A[r][k] * tmx_e4m3_to_f32(sr >> (8 * (k / 16)) & 0xff) * B[k][n] *
+                       tmx_e4m3_to_f32(sn >> (8 * (k / 16)) & 0xff);
+            d[l][i] = sum;
+        }
+}
+
+/* The native FP4 form (decode.cuh lane_codes_e2m1, mm.cu stage_tile_native): a step of four
+ * tiles times 8 tokens. Each tile pair's states go through four u8 MMAs (one tile in a0, a1,
+ * the other in a2, a3), the sums give codes packed two a byte, and the codes land, with the
+ * block scales, where the block-scaled MMA needs them: the sums equal sigma at the positions
+ * the kernels assume (nu order), and the MMA gives W x exactly. */
+static void test_native_layout(void **state) {
+    (void)state;
+    struct tmx_trellis_law law;
+    law_init(&law, 1);
+    for (int rep = 0; rep < 20; rep++) {
+        const int K = 2 + rep % 5;
+        uint32_t w[4][8 * TMX_TRELLIS_K_MAX], sa[32], sb[32], a[32][4] = {{0}}, b[32][2];
+        float c[4][TMX_TRELLIS_TILE];
+        uint8_t ws[16][4], xs[8][4], xn[8][64], xk[8][64];
+        for (int u = 0; u < 4; u++) {
+            random_tile(K, w[u]);
+            tmx_trellis_decode_values(&law, w[u], K, c[u]);
+        }
+        for (int r = 0; r < 16; r++)
+            for (int u = 0; u < 4; u++) ws[r][u] = (uint8_t)(0x28 + rnd() % 40);
+        for (int t = 0; t < 8; t++) {
+            uint8_t e4[64];
+            for (int i = 0; i < 64; i++) {
+                xn[t][i] = (uint8_t)(rnd() & 0xf);
+                e4[i] = trellis_ref_e2m1_as_e4m3(xn[t][i]);
+            }
+            for (int u = 0; u < 4; u++) xs[t][u] = (uint8_t)(0x28 + rnd() % 40);
+            trellis_ref_kappa(e4, 64, xk[t]);
+        }
+        /* the weights: lane_codes_e2m1 for pairs (0, 1) -> a0, a1 and (2, 3) -> a2, a3 */
+        for (int pair = 0; pair < 2; pair++) {
+            uint32_t s[2][32][8], in[32][4], sum[32][2], d[4][32][4];
+            for (int l = 0; l < 32; l++) {
+                const int g = l >> 2, q = l & 3;
+                for (int h = 0; h < 2; h++) {
+                    lane_states(w[2 * pair + h], K, l, s[h][l]);
+                    for (int j = 0; j < 8; j++) s[h][l][j] *= 0x83DCD12Du;
+                }
+                sum[l][0] = q == g ? 0x01010101u : 0u;
+                sum[l][1] = q + 4 == g ? 0x01010101u : 0u;
+            }
+            for (int j = 0; j < 4; j++) {
+                for (int l = 0; l < 32; l++) {
+                    in[l][0] = s[0][l][j];
+                    in[l][1] = s[0][l][j + 4];
+                    in[l][2] = s[1][l][j];
+                    in[l][3] = s[1][l][j + 4];
+                }
+                mma_u8(in, sum, 0, d[j]);
+            }
+            for (int l = 0; l < 32; l++) {
+                const int g = l >> 2, q = l & 3, u = 2 * pair + (q >> 1);
+                for (int i = 0; i < 8; i++)
+                    for (int h = 0; h < 2; h++) { /* r0 (row g), r1 (row g + 8) */
+                        const uint32_t sig = d[i >> 1][l][2 * h + (i & 1)];
+                        const int t = 2 * (q & 1) + (i & 1), j = i >> 1;
+                        const int pos = 8 * (4 * g + t) + j + 4 * h;
+                        const int col = 2 * t + (j & 1) + 8 * (j >> 1); /* 2t, 2t+1, 2t+8, 2t+9 */
+                        assert_int_equal(tmx_trellis_pos(pos), 16 * (g + 8 * h) + col);
+                        assert_int_equal(sig, tmx_trellis_sigma(tmx_trellis_state(w[u], K, pos)));
+                        a[l][2 * pair + h] |= (uint32_t)law.code[sig] << (4 * i);
+                    }
+            }
+        }
+        /* the activations: stage_tile_native's words of each token, and the scales */
+        for (int l = 0; l < 32; l++) {
+            const int g = l >> 2, q = l & 3;
+            uint32_t words[8] = {0};
+            for (int u = 0; u < 4; u++) {
+                uint32_t kw[4], cw[4];
+                memcpy(kw, xk[g] + 16 * u, sizeof kw);
+                for (int m = 0; m < 4; m++) {
+                    cw[m] = 0;
+                    for (int j = 0; j < 4; j++)
+                        cw[m] |= e2m1_of_e4m3(kw[m] >> (8 * j) & 0xff) << (8 * j);
+                }
+                words[4 * (u & 1) + (u >> 1)] = cw[0] + cw[1] * 16u;
+                words[4 * (u & 1) + (u >> 1) + 2] = cw[2] + cw[3] * 16u;
+            }
+            b[l][0] = words[2 * q];
+            b[l][1] = words[2 * q + 1];
+            sb[l] = (uint32_t)xs[g][0] | (uint32_t)xs[g][1] << 8 | (uint32_t)xs[g][2] << 16 |
+                    (uint32_t)xs[g][3] << 24;
+            const int r = g + 8 * (q & 1); /* lanes q = 0, 1; q = 2, 3 unused */
+            sa[l] = (uint32_t)ws[r][0] | (uint32_t)ws[r][1] << 8 | (uint32_t)ws[r][2] << 16 |
+                    (uint32_t)ws[r][3] << 24;
+        }
+        double d[32][4];
+        mma_e2m1(a, b, sa, sb, d);
+        for (int l = 0; l < 32; l++)
+            for (int i = 0; i < 4; i++) {
+                const int r = (l >> 2) + 8 * (i >> 1), t = 2 * (l & 3) + (i & 1);
+                double y = 0.0;
+                for (int u = 0; u < 4; u++)
+                    for (int k = 0; k < 16; k++)
+                        y += (double)c[u][16 * r + k] * tmx_e4m3_to_f32(ws[r][u]) *
+                             tmx_trellis_e2m1_to_f32(xn[t][16 * u + k]) * tmx_e4m3_to_f32(xs[t][u]);
+                assert_true(d[l][i] == y);
+            }
+    }
+}
+
 /* --- the plugins -------------------------------------------------------------------------- */
 
 static enum tmx_status host_err(char **err, enum tmx_status st, const char *fmt, ...) {
@@ -261,6 +399,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_operands),
         cmocka_unit_test(test_mma_layout),
+        cmocka_unit_test(test_native_layout),
         cmocka_unit_test(test_plugins),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
