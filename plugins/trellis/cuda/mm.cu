@@ -976,23 +976,25 @@ extern "C" int trellis_cuda_decode_tiles(int fp4, int K, const uint8_t *lut_host
 }
 
 /* A decode step (at most 8 tokens, so at most 8 an expert) takes the GEMV; the wide GEMM from
- * MM_WIDE_FROM tokens an expert on average, its groups of 256 from MM_WIDER_FROM (the
- * crossovers measured by trellis-gpu-bench --groups, docs/perf/h200-codec.md). */
-extern "C" int trellis_cuda_group(int tokens, long pairs, int experts) {
+ * MM_WIDE_FROM tokens an expert on average (law e2m1: MM_WIDE_FROM_E2M1), its groups of 256
+ * from MM_WIDER_FROM (the crossovers measured by trellis-gpu-bench --groups,
+ * docs/perf/h200-codec.md). */
+extern "C" int trellis_cuda_group(int fp4, int tokens, long pairs, int experts) {
     if (tokens <= MM_GROUP_SMALL || pairs <= (long)MM_GROUP_SMALL * experts)
         return MM_GROUP_SMALL;
-    if (pairs < (long)MM_WIDE_FROM * experts) return MM_GROUP_LARGE;
+    if (pairs < (long)(fp4 ? MM_WIDE_FROM_E2M1 : MM_WIDE_FROM) * experts) return MM_GROUP_LARGE;
     return pairs < (long)MM_WIDER_FROM * experts ? MM_GROUP_WIDE : MM_GROUP_WIDER;
 }
 
 /* The group's size (its tokens), the forms asked for aside. */
-static int matmul_group(int group, int m, int n_experts) {
+static int matmul_group(int fp4, int group, int m, int n_experts) {
     group &= ~TRELLIS_CUDA_FORMS;
-    return group ? group : trellis_cuda_group(m, (long)m * n_experts, n_experts);
+    return group ? group : trellis_cuda_group(fp4, m, (long)m * n_experts, n_experts);
 }
 
-extern "C" size_t trellis_cuda_matmul_work(int n_experts, int cols, int m, int group) {
-    return trellis_mm_x16_bytes(matmul_group(group, m, n_experts), (size_t)n_experts * m, cols);
+extern "C" size_t trellis_cuda_matmul_work(int fp4, int n_experts, int cols, int m, int group) {
+    return trellis_mm_x16_bytes(matmul_group(fp4, group, m, n_experts), (size_t)n_experts * m,
+                                cols);
 }
 
 extern "C" int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uint32_t *words,
@@ -1001,7 +1003,7 @@ extern "C" int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uin
                                    const float *xb, int m, int group, void *work, float *y,
                                    void *stream, char *msg, size_t size) {
     const int form = group & TRELLIS_CUDA_FORMS;
-    group = matmul_group(group, m, n_experts);
+    group = matmul_group(fp4, group, m, n_experts);
     if (rows % 128 || cols % 128 || m < 1 || n_experts < 1) {
         snprintf(msg, size, "matmul: [%d][%d] x %d tokens of %d experts", rows, cols, m,
                  n_experts);

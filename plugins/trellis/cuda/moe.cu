@@ -560,7 +560,7 @@ extern "C" int trellis_cuda_moe(trellis_cuda_scratch **scratch, const trellis_cu
     if (n <= 0) return 0;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     const int E = l->n_experts, P = n * k;
-    const int cap = trellis_cuda_group(n, P, E);
+    const int cap = trellis_cuda_group(l->fp4, n, P, E);
     const int G = P < P / cap + E ? P : P / cap + E;
     moe_buffers b;
     const size_t need = buffers_layout(l, n, P, G, cap, NULL, &b);

@@ -67,8 +67,9 @@ int trellis_cuda_decode_tiles(int fp4, int K, const uint8_t *lut_host, const uin
                               int n_tiles, uint8_t *out, void *stream, char *msg, size_t size);
 
 /* The group the expert block's matmuls use for `pairs` (token, expert) pairs of `tokens`
- * tokens over `experts` experts: MM_GROUP_SMALL, _LARGE, _WIDE or _WIDER (mm.cuh). */
-int trellis_cuda_group(int tokens, long pairs, int experts);
+ * tokens over `experts` experts, law e2m1 (fp4 = 1) or e4m3: MM_GROUP_SMALL, _LARGE, _WIDE or
+ * _WIDER (mm.cuh). */
+int trellis_cuda_group(int fp4, int tokens, long pairs, int experts);
 
 /* The expert matmul alone (the bench's GEMV and grouped GEMMs): y[e][m][rows] = g_e * a_m *
  * sum_k (B . C)_e[r][k] x_m[k] for n_experts matrices words[e] ([rows/16][cols/16][8K],
@@ -89,7 +90,7 @@ int trellis_cuda_group(int tokens, long pairs, int experts);
 #define TRELLIS_CUDA_MMA_SYNC 0x10000
 #define TRELLIS_CUDA_NATIVE_FP4 0x20000
 #define TRELLIS_CUDA_FORMS (TRELLIS_CUDA_MMA_SYNC | TRELLIS_CUDA_NATIVE_FP4)
-size_t trellis_cuda_matmul_work(int n_experts, int cols, int m, int group);
+size_t trellis_cuda_matmul_work(int fp4, int n_experts, int cols, int m, int group);
 int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uint32_t *words,
                         const uint8_t *scales, const float *g, int n_experts, int rows,
                         int cols, const uint8_t *x, const float *a, const float *xb, int m,

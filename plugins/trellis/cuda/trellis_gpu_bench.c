@@ -287,7 +287,7 @@ static double matmul_error(const struct host_matrix *hm, int m, int group, cudaS
          *da = dev_copy(h.a, (size_t)m * 4), *dxb = dev_copy(h.xb, (size_t)m * cols / 16 * 4),
          *dl = dev_copy(lut, 1024), *dy, *work = NULL;
     CK(cudaMalloc(&dy, (size_t)m * rows * 4));
-    const size_t work_bytes = trellis_cuda_matmul_work(1, cols, m, group);
+    const size_t work_bytes = trellis_cuda_matmul_work(hm->fp4, 1, cols, m, group);
     if (work_bytes) CK(cudaMalloc(&work, work_bytes));
     char msg[256];
     if (trellis_cuda_matmul(hm->fp4, hm->K, dl, dw, ds, dg, 1, rows, cols, dx, da, dxb, m, group,
@@ -693,7 +693,7 @@ static struct mm_bufs mm_bufs_new(const uint32_t *words, int wpt, const uint8_t 
                         NULL, NULL, NULL};
     CK(cudaMalloc(&b.lut, 1024));
     CK(cudaMalloc(&b.y, n * SIDE * 4));
-    CK(cudaMalloc(&b.work, trellis_cuda_matmul_work(EXPERTS, SIDE, m, 256)));
+    CK(cudaMalloc(&b.work, trellis_cuda_matmul_work(0, EXPERTS, SIDE, m, 256)));
     free(a);
     free(xb);
     free(x);
@@ -784,7 +784,7 @@ static void time_groups(const uint32_t *words, const uint8_t *scales, cudaStream
         jprintf("%s\"%s\": [", fp4 ? ", " : "", law_name(fp4));
         for (int i = 0; i < NM; i++) {
             const int m = tokens[i];
-            const int pick = trellis_cuda_group(m, (long)m * EXPERTS, EXPERTS);
+            const int pick = trellis_cuda_group(fp4, m, (long)m * EXPERTS, EXPERTS);
             jprintf("%s[", i ? ", " : "");
             tprintf("  %-6s %6d", law_name(fp4), m);
             for (int j = 0; j < NG; j++) {
