@@ -39,7 +39,7 @@ struct mm_params {
 #define MM_GROUP_WIDE 128
 #define MM_GROUP_WIDER 256
 #define MM_WIDE_FROM 128  /* tokens an expert on average from which the wide GEMM runs */
-#define MM_WIDE_FROM_E2M1 64 /* law e2m1's (its groups of 64 stage twice the activations) */
+#define MM_WIDE_FROM_E2M1 64 /* law e2m1's: the --groups table's crossover is lower */
 #define MM_WIDER_FROM 256 /* and its groups of 256 */
 
 /* Bytes of the scratch x16 for x_rows rows of `cols` inputs in groups of `group` tokens. */
