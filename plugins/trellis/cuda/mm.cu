@@ -327,8 +327,9 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
 
         const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[c & 1][warp]);
         const uint32_t *xq = x_row(c % XB, g); /* the lane's token row of the first column */
-        if constexpr (NATIVE) {
-            auto step = [&](int st) { /* 64 inputs: tiles 4st .. 4st + 3 */
+        /* A step: 32 inputs, tiles 2st and 2st + 1 (NATIVE: 64, tiles 4st .. 4st + 3). */
+        auto step = [&](int st) {
+            if constexpr (NATIVE) {
                 uint32_t a[4];
                 lane_codes_e2m1<K>(tw + 4 * st * NW, tw + (4 * st + 1) * NW, lw, sum, lut_s,
                                    a[0], a[1]);
@@ -342,41 +343,34 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
                     const uint2 b = *reinterpret_cast<const uint2 *>(xn + 8 * st + 2 * q);
                     mma_e2m1(acc[0][n], a, b.x, b.y, sa, xn[NX_SCALES + st]);
                 }
-            };
+            } else {
+                uint32_t a[2][4];
 #pragma unroll
-            for (int half = 0; half < 2; half++) { /* a short chunk is its first half */
-                if (half && tc < MM_CHUNK) break;
+                for (int h = 0; h < 2; h++) {
+                    lane_operands<K, FP4>(tw + (2 * st + h) * NW, lw, sum, lut_s, a[h]);
+                    const int b = FP4 ? 2 * st + h : st; /* the tile's block in the chunk */
+                    const __half2 w0 = scale_h2(s0, b), w1 = scale_h2(s1, b);
+                    a[h][0] = h2_mul(a[h][0], w0);
+                    a[h][2] = h2_mul(a[h][2], w0);
+                    a[h][1] = h2_mul(a[h][1], w1);
+                    a[h][3] = h2_mul(a[h][3], w1);
+                }
+                /* law e4m3's groups take their columns in pairs (tokens past the group's end
+                 * are zeros); law e2m1's, short of registers, one by one */
+                constexpr int N = FP4 || NG == 1 ? 1 : 2;
 #pragma unroll
-                for (int st = 0; st < MM_CHUNK / 8; st++) step(half * (MM_CHUNK / 8) + st);
-            }
-            continue;
-        }
-        auto step = [&](int st) { /* 32 inputs: tiles 2st, 2st + 1 */
-            uint32_t a[2][4];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                lane_operands<K, FP4>(tw + (2 * st + h) * NW, lw, sum, lut_s, a[h]);
-                const int b = FP4 ? 2 * st + h : st; /* the tile's block in the chunk */
-                const __half2 w0 = scale_h2(s0, b), w1 = scale_h2(s1, b);
-                a[h][0] = h2_mul(a[h][0], w0);
-                a[h][2] = h2_mul(a[h][2], w0);
-                a[h][1] = h2_mul(a[h][1], w1);
-                a[h][3] = h2_mul(a[h][3], w1);
-            }
-            /* law e4m3's groups take their columns in pairs (tokens past the group's end are
-             * zeros); law e2m1's, short of registers, one by one */
-            constexpr int N = FP4 || NG == 1 ? 1 : 2;
-#pragma unroll
-            for (int n = 0; n < NG; n += N) {
-                if (n && 8 * n >= grp.count) break; /* no tokens left in the group */
-                mma_step<N, 1>(acc, n, &a, xq + 8 * n * XS + x_word(st, q), XS);
+                for (int n = 0; n < NG; n += N) {
+                    if (n && 8 * n >= grp.count) break; /* no tokens left in the group */
+                    mma_step<N, 1>(acc, n, &a, xq + 8 * n * XS + x_word(st, q), XS);
+                }
             }
         };
+        constexpr int STEPS = MM_CHUNK / (NATIVE ? 8 : 4); /* steps of half a chunk */
 #pragma unroll
         for (int half = 0; half < 2; half++) { /* a short chunk is its first half */
             if (half && tc < MM_CHUNK) break;
 #pragma unroll
-            for (int st = 0; st < MM_CHUNK / 4; st++) step(half * (MM_CHUNK / 4) + st);
+            for (int st = 0; st < STEPS; st++) step(half * STEPS + st);
         }
     }
 
