@@ -14,8 +14,8 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 [ -x "$build/bin/tmx" ] && [ -f "$build/bin/libtmx-kernels-cuda.so" ] ||
     { echo "prepare.sh: $build/bin lacks tmx or libtmx-kernels-cuda.so: build with nvcc first" >&2; exit 1; }
-for d in .devbin .devlibs .devmodels .devpack.tar.xz; do
-    grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude
+for d in .devbin/ .devlibs/ .devmodels/ .devpack.tar.xz; do
+    grep -qx "/$d" .git/info/exclude 2>/dev/null || echo "/$d" >> .git/info/exclude
 done
 rm -rf .devbin .devlibs
 mkdir -p .devbin .devlibs .devmodels
