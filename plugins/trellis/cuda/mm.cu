@@ -925,6 +925,14 @@ extern "C" size_t trellis_cuda_matmul_work(int fp4, int n_experts, int cols, int
                                 cols);
 }
 
+extern "C" const char *trellis_cuda_matmul_form(int fp4, int group, int m, int n_experts) {
+    if (matmul_group(fp4, group, m, n_experts) >= MM_GROUP_WIDE)
+        return wide_wgmma(group) ? "wgmma" : "mma.sync";
+    if (fp4 && fp4_native(group))
+        return device_major() == 12 ? "fp4-mma" : "fp4-mma (emulated)";
+    return "mma.sync";
+}
+
 extern "C" int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uint32_t *words,
                                    const uint8_t *scales, const float *g, int n_experts,
                                    int rows, int cols, const uint8_t *x, const float *a,

@@ -91,6 +91,9 @@ int trellis_cuda_group(int fp4, int tokens, long pairs, int experts);
 #define TRELLIS_CUDA_NATIVE_FP4 0x20000
 #define TRELLIS_CUDA_FORMS (TRELLIS_CUDA_MMA_SYNC | TRELLIS_CUDA_NATIVE_FP4)
 size_t trellis_cuda_matmul_work(int fp4, int n_experts, int cols, int m, int group);
+/* The form trellis_cuda_matmul runs such a call in on this device: "wgmma", "mma.sync",
+ * "fp4-mma" or "fp4-mma (emulated)" (a static string). */
+const char *trellis_cuda_matmul_form(int fp4, int group, int m, int n_experts);
 int trellis_cuda_matmul(int fp4, int K, const uint8_t *lut, const uint32_t *words,
                         const uint8_t *scales, const float *g, int n_experts, int rows,
                         int cols, const uint8_t *x, const float *a, const float *xb, int m,

@@ -317,24 +317,6 @@ static double matmul_error(const struct host_matrix *hm, int m, int group, cudaS
     return sqrt(num / den);
 }
 
-/* The device's compute capability major: 9 (Hopper) takes the wide GEMM's wgmma form. */
-static int device_major(void) {
-    int dev, major;
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    return major;
-}
-
-/* The name of the form a matmul case runs in. */
-static const char *form_name(int fp4, int group, int major) {
-    const int size = group & ~TRELLIS_CUDA_FORMS;
-    if (group & TRELLIS_CUDA_MMA_SYNC) return "mma.sync";
-    if (size >= 128) return major == 9 ? "wgmma" : "mma.sync";
-    if (fp4 && group & TRELLIS_CUDA_NATIVE_FP4)
-        return major == 12 ? "fp4-mma" : "fp4-mma (emulated)";
-    return "mma.sync";
-}
-
 /* The matmul's error on hm at every case (printed when `print`), into the JSON list (*first:
  * none written yet) and *worst; frees hm's arrays. */
 static void matmul_cases(struct host_matrix *hm, const char *data, int print, int *first,
@@ -350,11 +332,10 @@ static void matmul_cases(struct host_matrix *hm, const char *data, int print, in
                                    128 | SYNC, 128 | SYNC, 128 | SYNC, 128 | SYNC,
                                    256 | SYNC, 256 | SYNC, 8 | NAT, 8 | NAT, 64 | NAT,
                                    64 | NAT, 64 | NAT};
-    const int major = device_major();
     for (int i = 0; i < NC; i++) {
         const int size = groups[i] & ~TRELLIS_CUDA_FORMS;
         if (groups[i] & NAT && !hm->fp4) continue; /* the native form is law e2m1's */
-        const char *form = form_name(hm->fp4, groups[i], major);
+        const char *form = trellis_cuda_matmul_form(hm->fp4, groups[i], tokens[i], 1);
         const double err = matmul_error(hm, tokens[i], groups[i], s);
         *worst = err > *worst ? err : *worst;
         failures += !(err <= MATMUL_TOL);
@@ -770,7 +751,7 @@ static void time_groups(const uint32_t *words, const uint8_t *scales, cudaStream
     static const int tokens[NM] = {16, 32, 64, 128, 256, MMAX};
     static const int groups[NG] = {64, 128, 256, 128 | SYNC, 256 | SYNC};
     const int K = 3;
-    const char *wide = device_major() == 9 ? "wgmma" : "mma.sync";
+    const char *wide = trellis_cuda_matmul_form(0, 128, 128, EXPERTS);
     struct mm_bufs b = mm_bufs_new(words, 8 * K, scales, MMAX);
     jprintf(", \"matmul_groups\": {\"K\": 3, \"tokens_per_expert\": [");
     for (int i = 0; i < NM; i++) jprintf("%s%d", i ? ", " : "", tokens[i]);
