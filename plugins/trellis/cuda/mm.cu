@@ -417,6 +417,17 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
 #define WIDE_STAGES(wg) ((wg) ? 3 : 2)
 #define WIDE_XW (WIDE_KT * 8)      /* staged f16x2 words of a token a chunk: two steps */
 
+/* cp.async of 16 bytes from word `off` of src to shared address dst when `pred`, the address
+ * made in one IMAD.WIDE.U32 (ptxas makes a 64-bit add of src + 4 off in four). */
+__device__ __forceinline__ void copy_if(uint32_t dst, const uint32_t *src, uint32_t off,
+                                        bool pred) {
+    asm volatile("{.reg .pred p; .reg .b64 a; setp.ne.b32 p, %3, 0;\n\t"
+                 "mad.wide.u32 a, %2, 4, %1;\n\t"
+                 "@p cp.async.cg.shared.global [%0], [a], 16;}" ::"r"(dst),
+                 "l"(src), "r"(off), "r"((int)pred)
+                 : "memory");
+}
+
 /* mma.sync: the staged activations of a token take WIDE_XW words of shared memory with no
  * padding; odd tokens swap their two steps, so that the 8 lanes of a quarter-warp's B loads
  * (two tokens, the same step) cover all 32 banks. */
@@ -429,11 +440,14 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
     mm_wide_kernel(const mm_params p) {
     constexpr int NW = 8 * K, BLOCK = FP4 ? 16 : 32, STRIPS = WIDE_STRIPS(WG);
     constexpr int THREADS = STRIPS * 64;
-    /* Copies of a chunk's activations: lanes a token, tokens a round, rounds, pieces a round
-     * (mma.sync: 8 lanes a token, whose rows of x_s, swizzled only by token % 2, would take
-     * bank conflicts from fewer) */
-    constexpr int XL = !WG ? 8 : THREADS / GT > 2 ? THREADS / GT : 2, XT = THREADS / XL,
-                  XR = GT / XT, XP = 8 / XL;
+    /* Copies of a chunk's activations: lanes a token, tokens a round, rounds, pieces a round.
+     * By eight lanes a token a copy a warp issues reads 4 tokens' 128-byte lines and writes
+     * them to shared memory in 4 wavefronts; by two (wgmma's groups of 256 until 2026-12-04)
+     * it read 16 lines and took 16 (Nsight Compute, docs/perf/h200-codec.md). wgmma's groups
+     * of 128 keep four lanes in one round: by eight in two rounds they ran 2-3% slower.
+     * mma.sync's need eight (their rows of x_s are swizzled only by token % 2). */
+    constexpr int XL = WG && GT == MM_GROUP_WIDE ? 4 : 8, XT = THREADS / XL, XR = GT / XT,
+                  XP = 8 / XL;
     /* A warp's accumulators: S strips of 16 rows by NC columns of 8 tokens (mma.sync: 32 rows
      * by GT / 4 tokens; wgmma: 16 rows by GT / 2 tokens, the warpgroup's) */
     constexpr int S = WG ? 1 : 2, NC = WG ? GT / 16 : GT / 32;
@@ -510,28 +524,38 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
         load_chunk<K, 2>(w_s[c & 1][warp], wsrc + (size_t)c * NW, 2, lane);
     };
     /* Copies: XL lanes a token, each XP of its 8 pieces (16 bytes) of a chunk, pieces xa + XL i
-     * of tokens xt + XT r, to their swizzled places in x_s (piece j ^ sw). Two lanes at least,
-     * so that each copy a warp issues reads whole 32-byte sectors. Tokens the group lacks are
-     * not copied: their rows of x_s hold whatever was there, which reaches only their own MMA
-     * columns, never stored. */
+     * of tokens xt + XT r, to their swizzled places in x_s (piece j ^ sw). Tokens the group
+     * lacks are not copied: their rows of x_s hold whatever was there, which reaches only their
+     * own MMA columns, never stored. */
     const int xt = threadIdx.x / XL, xa = threadIdx.x % XL;
     const int sw = WG ? xt & 7 : (xt & 1) << 2;
     const uint32_t xd = x_at + 4 * xt * WIDE_XW + 16 * (xa ^ sw % XL) + 16 * XL * (sw / XL);
-    /* wgmma's copies (one round) keep their token's offset in a register: 3% faster than
-     * reading it every chunk; mma.sync's (4 or 8 rounds) read theirs, short of registers */
-    const uint32_t xoff = XR == 1 && xt < grp.count ? off_s[xt] + 4 * xa : 0u;
+    /* wgmma's copies keep their tokens' offsets in registers (3% faster than reading them
+     * every chunk); mma.sync's, short of registers, read theirs. A thread's copies stop at the
+     * group's end, except those of wgmma's groups of 256 (four rounds), predicated off from
+     * round nx on instead, so that ptxas issues them back to back (copy_if); predicated, the
+     * one round of the groups of 128 ran 3% slower. */
+    constexpr bool PRED = WG && XR > 1;
+    const int nx = (grp.count - xt + XT - 1) / XT;
+    uint32_t xoff[WG ? XR : 1];
+#pragma unroll
+    for (int r = 0; r < (WG ? XR : 1); r++) xoff[r] = r < nx ? off_s[xt + XT * r] + 4 * xa : 0u;
     auto load_x = [&](int c, int stage) {
 #pragma unroll
         for (int r = 0; r < XR; r++) {
-            if (xt + XT * r >= grp.count) break;
+            if (!PRED && xt + XT * r >= grp.count) break;
             const uint32_t dst = xd + (stage * GT + XT * r) * WIDE_XW * 4;
-            const uint32_t *src = XR == 1 ? p.x16 + xoff + c * WIDE_XW
-                                          : p.x16 + off_s[xt + XT * r] + 4 * xa + c * WIDE_XW;
+            const uint32_t off = WG ? xoff[WG ? r : 0] : off_s[xt + XT * r] + 4 * xa;
 #pragma unroll
-            for (int i = 0; i < XP; i++)
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst ^ 16 * XL * i),
-                             "l"(src + 4 * XL * i)
-                             : "memory");
+            for (int i = 0; i < XP; i++) {
+                if (PRED)
+                    copy_if(dst ^ 16 * XL * i, p.x16 + c * WIDE_XW, off + 4 * XL * i, r < nx);
+                else
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                                     dst ^ 16 * XL * i),
+                                 "l"(p.x16 + off + c * WIDE_XW + 4 * XL * i)
+                                 : "memory");
+            }
         }
     };
 
