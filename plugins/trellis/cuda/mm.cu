@@ -417,6 +417,12 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
 #define WIDE_STAGES(wg) ((wg) ? 3 : 2)
 #define WIDE_XW (WIDE_KT * 8)      /* staged f16x2 words of a token a chunk: two steps */
 
+/* x through a shuffle, which ptxas does not recompute: a per-lane constant so passed stays
+ * in a register through the chunk loop rather than being remade from the thread index. */
+__device__ __forceinline__ uint32_t kept(uint32_t x) {
+    return __shfl_sync(0xffffffffu, x, threadIdx.x & 31);
+}
+
 /* cp.async of 16 bytes from word `off` of src to shared address dst when `pred`, the address
  * made in one IMAD.WIDE.U32 (ptxas makes a 64-bit add of src + 4 off in four). */
 __device__ __forceinline__ void copy_if(uint32_t dst, const uint32_t *src, uint32_t off,
@@ -471,8 +477,7 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
     const int g = lane >> 2, q = lane & 3, tiles_c = p.cols / 16, n_chunks = tiles_c / WIDE_KT;
     const uint32_t x_at = ((uint32_t)__cvta_generic_to_shared(x_dyn) + 1023u) & ~1023u;
     uint32_t *x_s = x_dyn + (x_at - (uint32_t)__cvta_generic_to_shared(x_dyn)) / 4;
-    uint32_t *wa_s = x_s + XS * GT * WIDE_XW; /* wgmma's A */
-    const uint32_t a_at = x_at + XS * GT * WIDE_XW * 4;
+    const uint32_t a_at = x_at + XS * GT * WIDE_XW * 4; /* wgmma's A */
     group_tables<FP4>(p, grp, GT, row_s, lut_s);
     for (int t = threadIdx.x; t < grp.count; t += blockDim.x) /* row_s[t] is this thread's */
         off_s[t] = (uint32_t)row_s[t] * (p.cols / 2);
@@ -491,12 +496,27 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
         const uint8_t *b = sc + c * (16 * WIDE_KT / BLOCK);
         return FP4 ? *reinterpret_cast<const uint16_t *>(b) : *b;
     };
-    const lane_window lw = lane_window_of<K>(lane);
+    /* The lane's constants go through kept(), and its A stores and word copies take shared
+     * addresses kept the same way: remade from the thread index every chunk, they were 42 of
+     * the 299 instructions a warp issued a chunk (wgmma, groups of 256; 257 now, and 290 ->
+     * 246 for groups of 128: 3-7% faster, docs/perf/h200-codec.md). */
+    lane_window lw = lane_window_of<K>(lane);
+    lw = {(int)kept(lw.i0), (int)kept(lw.i1), (int)kept(lw.i2), (int)kept(lw.off)};
     uint32_t sum[2];
     sum_bytes(sum, lane);
-    /* The warp's two tiles of chunk c into stage `stage` of a_s (wgmma: wa_s, a fragment's
-     * four words to their places: a0, a2 row g, inputs 2q and 2q + 8, a1, a3 row g + 8), times
-     * their rows' block scales (n0, n1: the scales' E4M3 bytes of rows g and g + 8). */
+    sum[0] = kept(sum[0]);
+    sum[1] = kept(sum[1]);
+    /* wgmma: where the lane's words a0 and a2 of tile 2 dh go in a stage of A (row g of strip
+     * ds, the tile's input pairs 2q and 2q + 8: words 16 dh + q and + 4 of the row, swizzled),
+     * in bytes from the stage's start. Tile 2 dh + 1's are 8 words on, which the swizzle makes
+     * a XOR by 32 bytes (it XORs bits 2-4 of a word index, and those of 16 dh + q are 0; rows
+     * are 128-byte aligned). */
+    const uint32_t ai = (16 * ds + g) * WIDE_XW + wgmma_word(g, 16 * dh + q);
+    const uint32_t ab[2] = {kept(4 * ai), kept(4 * (ai ^ 4))};
+    /* The warp's two tiles of chunk c into stage `stage` of a_s (wgmma: of A at a_at, a
+     * fragment's four words to their places: a0, a2 row g, inputs 2q and 2q + 8, a1, a3 row
+     * g + 8), times their rows' block scales (n0, n1: the scales' E4M3 bytes of rows g and
+     * g + 8). */
     auto decode = [&](int c, int stage, uint32_t n0, uint32_t n1) {
         const uint32_t s0[1] = {e4m3x2_to_f16x2(n0)}, s1[1] = {e4m3x2_to_f16x2(n1)};
         const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[c & 1][warp]);
@@ -508,20 +528,27 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
             const uint4 v = make_uint4(h2_mul(a[0], w0), h2_mul(a[1], w1), h2_mul(a[2], w0),
                                        h2_mul(a[3], w1));
             if constexpr (WG) {
-                uint32_t *r = wa_s + stage * AW + (16 * ds + g) * WIDE_XW;
-                const int w = 8 * (2 * dh + u) + q; /* the tile's input pair 2q in the row */
-                r[wgmma_word(g, w)] = v.x;
-                r[wgmma_word(g, w + 4)] = v.z;
-                r[8 * WIDE_XW + wgmma_word(g, w)] = v.y; /* (g + 8) % 8 == g */
-                r[8 * WIDE_XW + wgmma_word(g, w + 4)] = v.w;
+                const uint32_t r = a_at + stage * AW * 4, r0 = (r + ab[0]) ^ 32 * u,
+                               r2 = (r + ab[1]) ^ 32 * u;
+                asm volatile("st.shared.u32 [%0], %2;\n\t"
+                             "st.shared.u32 [%1], %3;\n\t"
+                             "st.shared.u32 [%0+%6], %4;\n\t" /* (g + 8) % 8 == g */
+                             "st.shared.u32 [%1+%6], %5;" ::"r"(r0),
+                             "r"(r2), "r"(v.x), "r"(v.z), "r"(v.y), "r"(v.w),
+                             "n"(8 * WIDE_XW * 4)
+                             : "memory");
             } else {
                 a_s[stage][ds][2 * dh + u][lane] = v;
             }
         }
     };
-    /* The warp's words of chunk c, as one cp.async group with the activations issued before. */
+    /* The warp's words of chunk c (2 tiles, 2 NW / 4 pieces of 16 bytes, a lane each), as one
+     * cp.async group with the activations issued before. */
+    const uint32_t wd = kept((uint32_t)__cvta_generic_to_shared(&w_s[0][warp][lane]));
     auto load_words = [&](int c) {
-        load_chunk<K, 2>(w_s[c & 1][warp], wsrc + (size_t)c * NW, 2, lane);
+        copy_if(wd + (c & 1) * (uint32_t)sizeof w_s[0], reinterpret_cast<const uint32_t *>(wsrc),
+                4 * (c * NW + lane), lane < 2 * NW / 4);
+        asm volatile("cp.async.commit_group;" ::: "memory");
     };
     /* Copies: XL lanes a token, each XP of its 8 pieces (16 bytes) of a chunk, pieces xa + XL i
      * of tokens xt + XT r, to their swizzled places in x_s (piece j ^ sw). Tokens the group
