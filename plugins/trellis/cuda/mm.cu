@@ -448,10 +448,11 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
     constexpr int THREADS = STRIPS * 64;
     /* Copies of a chunk's activations: lanes a token, tokens a round, rounds, pieces a round.
      * By eight lanes a token a copy a warp issues reads 4 tokens' 128-byte lines and writes
-     * them to shared memory in 4 wavefronts; by two (wgmma's groups of 256 until 2026-12-04)
-     * it read 16 lines and took 16 (Nsight Compute, docs/perf/h200-codec.md). wgmma's groups
-     * of 128 keep four lanes in one round: by eight in two rounds they ran 2-3% slower.
-     * mma.sync's need eight (their rows of x_s are swizzled only by token % 2). */
+     * them to shared memory in 4 wavefronts; by two, as wgmma's groups of 256 once did, it
+     * read 16 lines and took 16 (Nsight Compute, docs/perf/h200-codec.md, "The wide GEMM's
+     * copies and constants"). wgmma's groups of 128 keep four lanes in one round: by eight in
+     * two rounds they ran 2-3% slower. mma.sync's need eight (their rows of x_s are swizzled
+     * only by token % 2). */
     constexpr int XL = WG && GT == MM_GROUP_WIDE ? 4 : 8, XT = THREADS / XL, XR = GT / XT,
                   XP = 8 / XL;
     /* A warp's accumulators: S strips of 16 rows by NC columns of 8 tokens (mma.sync: 32 rows
@@ -497,9 +498,9 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
         return FP4 ? *reinterpret_cast<const uint16_t *>(b) : *b;
     };
     /* The lane's constants go through kept(), and its A stores and word copies take shared
-     * addresses kept the same way: remade from the thread index every chunk, they were 42 of
-     * the 299 instructions a warp issued a chunk (wgmma, groups of 256; 257 now, and 290 ->
-     * 246 for groups of 128: 3-7% faster, docs/perf/h200-codec.md). */
+     * addresses kept the same way: remade from the thread index every chunk, they cost 42 of
+     * the 299 instructions a warp issued a chunk (wgmma, groups of 256; 44 of 290 for groups
+     * of 128), 3-7% of the time (docs/perf/h200-codec.md). */
     lane_window lw = lane_window_of<K>(lane);
     lw = {(int)kept(lw.i0), (int)kept(lw.i1), (int)kept(lw.i2), (int)kept(lw.off)};
     uint32_t sum[2];
