@@ -26,20 +26,20 @@ def number(text):
 
 
 def read(lines):
-    """The header and rows of the source table: the first line that names SAMPLES is the
-    header (ncu prints the kernel's name above it)."""
+    """The source table's columns (name -> index) and rows: the first line that names SAMPLES
+    is the header (ncu prints the kernel's name above it)."""
     rows = list(csv.reader(lines))
     for i, row in enumerate(rows):
         if SAMPLES in row:
-            return row, [r for r in rows[i + 1:] if len(r) == len(row)]
+            return ({name: j for j, name in enumerate(row)},
+                    [r for r in rows[i + 1:] if len(r) == len(row)])
     sys.exit("ncu_source.py: no '%s' column (was the report taken with SourceCounters?)"
              % SAMPLES)
 
 
-def summary(header, rows):
+def summary(col, rows):
     """(stall reason -> share of the samples, wavefronts, excess wavefronts)."""
-    col = {name: i for i, name in enumerate(header)}
-    reasons = [h for h in header if h.startswith("stall_") and "(Not Issued)" not in h]
+    reasons = [h for h in col if h.startswith("stall_") and "(Not Issued)" not in h]
     totals = {h[len("stall_"):]: sum(number(r[col[h]]) for r in rows) for h in reasons}
     all_samples = sum(totals.values()) or 1.0
     shares = {k: v / all_samples for k, v in totals.items()}
@@ -52,9 +52,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--top", type=int, default=8, help="instructions to list (8)")
     args = ap.parse_args()
-    header, rows = read(sys.stdin)
-    col = {name: i for i, name in enumerate(header)}
-    shares, waves, excess = summary(header, rows)
+    col, rows = read(sys.stdin)
+    shares, waves, excess = summary(col, rows)
     print("stalls: " + ", ".join("%s %.1f%%" % (k, 100 * v) for k, v in
                                  sorted(shares.items(), key=lambda kv: -kv[1]) if v >= 0.01))
     print("shared wavefronts %.4g, excess %.4g (%.0f%%)"
