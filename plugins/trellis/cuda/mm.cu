@@ -132,14 +132,44 @@ __device__ __forceinline__ void tile_fragments(uint4 v, float xb, uint32_t (&b0)
     }
 }
 
-/* Stages tile u of a chunk into token row xs (f16, x_word's layout). */
+/* x through a shuffle, which ptxas does not recompute: a per-lane constant so passed stays
+ * in a register through the chunk loop rather than being remade from the thread index. */
+__device__ __forceinline__ uint32_t kept(uint32_t x) {
+    return __shfl_sync(0xffffffffu, x, threadIdx.x & 31);
+}
+
+/* Where token row t of a group begins past t * X16_STRIDE: rows 2k and 2k + 1 (the lanes of a
+ * quarter-warp's B loads) move by 4 words a pair, so that the 4 tokens x_slot gives a
+ * half-warp meet the banks at 4 offsets. */
+__device__ __forceinline__ int x_skew(int t) {
+    return 4 * ((t >> 1) & 3);
+}
+
+/* The token t (0..7) and tile u that thread i of a CTA stages of a chunk, and tokens t + 8n
+ * after it for a group of more: a half-warp takes tiles u0..u0 + 3 of tokens t0 + 2j (j =
+ * 0..3), so that for each of stage_tile's stores its 16 lanes write 16 different bank pairs
+ * (one token's 16 tiles would write 4, 4 lanes each); x_skew(t + 8n) = x_skew(t). */
+__device__ __forceinline__ void x_slot(int i, int &t, int &u) {
+    static_assert(MM_CHUNK == 16 && MM_WARPS * 32 == 8 * MM_CHUNK, "8 tokens' tiles a pass");
+    const int h = i >> 4, l = i & 15;
+    t = 2 * (l >> 2) + (h & 1);
+    u = (l & 3) + 4 * ((h >> 1) & 3);
+}
+
+/* Where tile u's fragments for q = 0 begin in a token row (x_word's layout): those of q on
+ * are 4 q words on. */
+__device__ __forceinline__ int x_tile(int u) {
+    return x_word(u >> 1, 0) + (u & 1) * 2;
+}
+
+/* Stages a tile into a token row at xs = row + x_tile(u) (f16, x_word's layout). */
 template <bool FP4>
-__device__ __forceinline__ void stage_tile(uint32_t *xs, int u, uint4 v, float xb) {
+__device__ __forceinline__ void stage_tile(uint32_t *xs, uint4 v, float xb) {
     uint32_t b0[4], b1[4];
     tile_fragments<FP4>(v, xb, b0, b1);
 #pragma unroll
     for (int q = 0; q < 4; q++)
-        *reinterpret_cast<uint2 *>(&xs[x_word(u >> 1, q) + (u & 1) * 2]) = make_uint2(b0[q], b1[q]);
+        *reinterpret_cast<uint2 *>(&xs[4 * q]) = make_uint2(b0[q], b1[q]);
 }
 
 /* The native FP4 form's staging (NATIVE in mm_kernel): a token row of x_s holds, for each
@@ -194,13 +224,17 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
     constexpr int SW = CHUNK_COLS / BLOCK / 4; /* scale words of a row per chunk: 2 or 4 */
     constexpr bool PRE = NG == 1;              /* activations a chunk ahead, double-buffered */
     constexpr int XB = PRE ? 2 : 1, XS = NATIVE ? XN_STRIDE : X16_STRIDE;
+    constexpr bool SKEW = !PRE && !NATIVE; /* token rows moved by x_skew */
     static_assert(!PRE || GT * MM_CHUNK == MM_WARPS * 32, "a thread stages one tile of a token");
     __shared__ uint4 w_s[2][MM_WARPS][MM_CHUNK * NW / 4]; /* [chunk % 2][warp][tile][8K] */
     /* [buffer][token][XS]: f16: [step of 32 inputs][q][tile of the step][b0, b1] f16x2, the B
-     * fragments of a lane (q = lane % 4) for both tiles of a step in one 16-byte load;
-     * NATIVE: stage_tile_native's layout (x_smem bytes hold either). */
+     * fragments of a lane (q = lane % 4) for both tiles of a step in one 16-byte load (SKEW:
+     * row t x_skew(t) words into its padding); NATIVE: stage_tile_native's layout (x_smem
+     * bytes hold either). */
     extern __shared__ __align__(16) uint32_t x_dyn[];
-    auto x_row = [&](int buf, int t) { return x_dyn + (buf * GT + t) * XS; };
+    auto x_row = [&](int buf, int t) {
+        return x_dyn + (buf * GT + t) * XS + (SKEW ? x_skew(t) : 0);
+    };
     /* law e2m1: sigma -> value's f16 >> 8 (NATIVE: -> code) */
     __shared__ uint8_t lut_s[FP4 ? TRELLIS_LUT : 1];
     __shared__ int row_s[GT];
@@ -248,8 +282,15 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
         v = reinterpret_cast<const uint4 *>(p.x + (size_t)r * p.cols + c * CHUNK_COLS)[u];
         xb = FP4 ? p.xb[(size_t)r * (p.cols / 16) + c * MM_CHUNK + u] : 0.0f;
     };
-    /* PRE: thread i stages tile i % 16 of token i / 16 from registers loaded a chunk ahead. */
-    const int xt = threadIdx.x / MM_CHUNK, xu = threadIdx.x % MM_CHUNK;
+    /* Thread i stages tile xu of tokens xt + 8n: in the grouped GEMM a half-warp takes four
+     * tokens by four tiles (x_slot, stores free of bank conflicts), in the GEMV one token's 16
+     * (it stages a tile a thread a chunk; x_slot with a kept xs_at measured 6% slower there).
+     * xs_at: where its tile of token xt goes in buffer 0, in words; the grouped GEMM keeps it
+     * (ptxas would remake it from the thread index for every tile staged, 14 instructions). */
+    int xt = threadIdx.x / MM_CHUNK, xu = threadIdx.x % MM_CHUNK;
+    if (SKEW) x_slot(threadIdx.x, xt, xu);
+    uint32_t xs_at = (uint32_t)(x_row(0, xt) - x_dyn) + (NATIVE ? 0 : x_tile(xu));
+    if (!PRE) xs_at = kept(xs_at);
     const bool x_mine = PRE && row_s[xt] >= 0;
     uint4 xn = make_uint4(0, 0, 0, 0);
     float xbn = 0.0f;
@@ -262,15 +303,16 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
             xbn = 0.0f;
         }
     };
-    auto stage = [&](int buf, int t, int u, uint4 v, float xb) {
+    auto stage = [&](int buf, int n, uint4 v, float xb) { /* token xt + 8 n */
+        uint32_t *xs = x_dyn + (buf * GT + 8 * n) * XS + xs_at;
         if (NATIVE)
-            stage_tile_native(x_row(buf, t), u, v, xb);
+            stage_tile_native(xs, xu, v, xb);
         else
-            stage_tile<FP4>(x_row(buf, t), u, v, xb);
+            stage_tile<FP4>(xs, v, xb);
     };
     if (PRE) {
         load_next(0);
-        if (x_mine) stage(0, xt, xu, xn, xbn);
+        if (x_mine) stage(0, 0, xn, xbn);
         if (n_chunks > 1) load_next(1);
     }
 
@@ -291,7 +333,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
         __syncthreads(); /* chunk c - 1 is consumed; PRE: chunk c's activations are staged */
         if (PRE) {
             if (c + 1 < n_chunks) {
-                if (x_mine) stage((c + 1) & 1, xt, xu, xn, xbn);
+                if (x_mine) stage((c + 1) & 1, 0, xn, xbn);
                 if (c + 2 < n_chunks) load_next(c + 2);
             }
         } else { /* loads in batches of 4 tiles a thread: one wait for memory per batch */
@@ -302,15 +344,13 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
                 float xb[BATCH];
 #pragma unroll
                 for (int j = 0; j < BATCH; j++) {
-                    const int i = (b + j) * MM_WARPS * 32 + threadIdx.x;
-                    const int t = i / MM_CHUNK, u = i % MM_CHUNK;
-                    if (row_s[t] >= 0 && u < tc) load_x(c, t, u, v[j], xb[j]);
+                    const int t = xt + 8 * (b + j);
+                    if (row_s[t] >= 0 && xu < tc) load_x(c, t, xu, v[j], xb[j]);
                 }
 #pragma unroll
                 for (int j = 0; j < BATCH; j++) {
-                    const int i = (b + j) * MM_WARPS * 32 + threadIdx.x;
-                    const int t = i / MM_CHUNK, u = i % MM_CHUNK;
-                    if (row_s[t] >= 0 && u < tc) stage(0, t, u, v[j], xb[j]);
+                    const int t = xt + 8 * (b + j);
+                    if (row_s[t] >= 0 && xu < tc) stage(0, b + j, v[j], xb[j]);
                 }
             }
         }
@@ -416,12 +456,6 @@ __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(cons
 #define WIDE_STRIPS(wg) ((wg) ? 8 : 4)
 #define WIDE_STAGES(wg) ((wg) ? 3 : 2)
 #define WIDE_XW (WIDE_KT * 8)      /* staged f16x2 words of a token a chunk: two steps */
-
-/* x through a shuffle, which ptxas does not recompute: a per-lane constant so passed stays
- * in a register through the chunk loop rather than being remade from the thread index. */
-__device__ __forceinline__ uint32_t kept(uint32_t x) {
-    return __shfl_sync(0xffffffffu, x, threadIdx.x & 31);
-}
 
 /* cp.async of 16 bytes from word `off` of src to shared address dst when `pred`, the address
  * made in one IMAD.WIDE.U32 (ptxas makes a 64-bit add of src + 4 off in four). */
@@ -708,7 +742,7 @@ __global__ void stage_kernel(const mm_params p) {
         t[0] = make_uint4(b0[0], b0[1], b0[2], b0[3]);
         t[1] = make_uint4(b1[0], b1[1], b1[2], b1[3]);
     } else {
-        stage_tile<FP4>(xs, u, v, xb);
+        stage_tile<FP4>(xs + x_tile(u), v, xb);
     }
 }
 
