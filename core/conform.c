@@ -52,6 +52,7 @@ struct spec {
 #define F16 TMX_DTYPE_F16
 #define F8 TMX_DTYPE_F8_E4M3
 #define I8 TMX_DTYPE_I8
+#define MX TMX_DTYPE_MXFP8
 
 static const struct spec specs[] = {
     {"embed/f32/n3-v50-d40", OP_EMBED, F32, 0, .n = 3, .m = 50, .d = 40},
@@ -83,6 +84,14 @@ static const struct spec specs[] = {
     {"matmul/f16/n64-m96-k256", OP_MATMUL, F16, 0, .n = 64, .m = 96, .d = 256},
     {"matmul/bf16/n70-m1000-k300", OP_MATMUL, BF16, 0, .n = 70, .m = 1000, .d = 300},
     {"matmul/f32/n2-m1000-k300", OP_MATMUL, F32, 0, .n = 2, .m = 1000, .d = 300},
+    {"matmul/mxfp8/n1-m64-k128", OP_MATMUL, MX, 0, .n = 1, .m = 64, .d = 128},
+    {"matmul/mxfp8/n3-m100-k96", OP_MATMUL, MX, 0, .n = 3, .m = 100, .d = 96},
+    {"matmul/mxfp8/n8-m37-k160", OP_MATMUL, MX, 0, .n = 8, .m = 37, .d = 160},
+    {"matmul/mxfp8/n17-m67-k224", OP_MATMUL, MX, 0, .n = 17, .m = 67, .d = 224},
+    {"matmul/mxfp8/n70-m1000-k320", OP_MATMUL, MX, 0, .n = 70, .m = 1000, .d = 320},
+    /* a decode-sized projection, for the sets' times (tmx conform --repeat) */
+    {"matmul/bf16/n1-m2048-k4096", OP_MATMUL, BF16, 0, .n = 1, .m = 2048, .d = 4096},
+    {"matmul/mxfp8/n1-m2048-k4096", OP_MATMUL, MX, 0, .n = 1, .m = 2048, .d = 4096},
 
     {"rope/n1-h4-hd64", OP_ROPE, F32, 0, .n = 1, .heads = 4, .hd = 64},
     {"rope/n5-h3-hd32", OP_ROPE, F32, 0, .n = 5, .heads = 3, .hd = 32},
@@ -204,6 +213,7 @@ static const struct spec specs[] = {
 #undef F16
 #undef F8
 #undef I8
+#undef MX
 
 #define N_SPECS (sizeof specs / sizeof specs[0])
 
@@ -381,6 +391,49 @@ static const double *weight(struct tmx_conform_case *c, enum tmx_dtype dt, int64
     return c->status == TMX_OK ? v : NULL;
 }
 
+/* A random MXFP8 weight [rows][cols] (cols a multiple of 32): every E4M3 code but NaN, block
+ * scales 2^-12 to 2^-4, imported as the core imports one (docs/plugins.md): as MXFP8, or as
+ * its BF16 values where the set declines that. Returns the values the set sees. */
+static const double *weight_mxfp8(struct tmx_conform_case *c, int64_t rows, int64_t cols,
+                                  struct tmx_tensor *dev) {
+    const size_t count = (size_t)(rows * cols);
+    double *v = host_alloc(c, count * sizeof *v);
+    struct tmx_tensor h = {TMX_DTYPE_MXFP8, 2, {rows, cols}, NULL};
+    h.data = host_alloc(c, tmx_tensor_nbytes(&h));
+    uint16_t *bf16 = host_alloc(c, count * sizeof *bf16);
+    if (!v || !h.data || !bf16) return NULL;
+    uint8_t *q = h.data, *scale = q + count;
+    for (size_t b = 0; b < count / 32; b++) scale[b] = (uint8_t)(127 + randint(c, -12, -4));
+    for (size_t i = 0; i < count; i++) {
+        do {
+            q[i] = (uint8_t)randint(c, 0, 255);
+        } while ((q[i] & 0x7f) == 0x7f);
+        v[i] = ldexp(tmx_e4m3_to_f32(q[i]), scale[i / 32] - 127);
+    }
+    char *msg = NULL;
+    enum tmx_status st = c->ops->weight_import(c->ctx, &h, dev, &msg);
+    if (st == TMX_ERR_UNSUPPORTED) {
+        free(msg);
+        msg = NULL;
+        tmx_mxfp8_to_bf16(&h, bf16);
+        h = (struct tmx_tensor){TMX_DTYPE_BF16, 2, {rows, cols}, bf16};
+        st = c->ops->weight_import(c->ctx, &h, dev, &msg);
+    }
+    if (st != TMX_OK) {
+        if (c->status == TMX_OK) {
+            c->status = st;
+            tmx_err(c->err, st, "conform: %s: weight_import: %s", c->s->name, msg ? msg : "");
+        }
+        free(msg);
+        return NULL;
+    }
+    if (!push(&c->imported, &c->n_imported, &c->cap_imported, dev)) {
+        c->ops->weight_free(c->ctx, dev);
+        return fail(c, TMX_ERR_NOMEM, "host allocation");
+    }
+    return v;
+}
+
 /* Declares buffer dev ([count] of dt) an output; returns its reference, to be filled. */
 static double *output(struct tmx_conform_case *c, void *dev, size_t count, enum tmx_dtype dt) {
     double *ref = dev ? host_alloc(c, count * sizeof *ref) : NULL;
@@ -443,7 +496,8 @@ static void rmsnorm_run(struct tmx_conform_case *c) {
 static enum tmx_status matmul_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     const float *x = input(c, (size_t)s->n * s->d, -1, 1, &c->arg[0]);
-    const double *w = weight(c, s->dt, s->m, s->d, -1, 1, &c->w);
+    const double *w = s->dt == TMX_DTYPE_MXFP8 ? weight_mxfp8(c, s->m, s->d, &c->w)
+                                               : weight(c, s->dt, s->m, s->d, -1, 1, &c->w);
     c->arg[1] = buffer(c, (size_t)s->n * s->m * sizeof(float));
     double *ref = output(c, c->arg[1], (size_t)s->n * s->m, TMX_DTYPE_F32);
     if (!x || !w || !ref) return c->status;

@@ -27,31 +27,6 @@ static void *own(struct tmx_model *m, size_t nbytes) {
     return a;
 }
 
-/* MXFP8 -> BF16: value = E4M3(q) * 2^(scale - 127), exact in BF16 for every weight a model
- * holds (E4M3 has 3 mantissa bits; BF16 7). *out is a host tensor owned by the model. */
-static enum tmx_status expand_mxfp8(struct tmx_model *m, const struct tmx_checkpoint *ck,
-                                    const char *name, const struct tmx_tensor *q,
-                                    struct tmx_tensor *out, char **err) {
-    char sname[256];
-    struct tmx_tensor sc;
-    snprintf(sname, sizeof sname, "%s_scale", name);
-    const int64_t rows = q->shape[0], cols = q->ndim == 2 ? q->shape[1] : 1;
-    if (tmx_checkpoint_find(ck, sname, &sc) != 0 || sc.dtype != TMX_DTYPE_U8 || sc.ndim != 2 ||
-        cols % 32 || sc.shape[0] != rows || sc.shape[1] != cols / 32)
-        return tmx_err(err, TMX_ERR_INVALID,
-                       "%s: F8_E4M3 tensor %s needs %s, U8 [%lld][%lld] (one UE8M0 scale per 32)",
-                       tmx_checkpoint_dir(ck), name, sname, (long long)rows, (long long)(cols / 32));
-    uint16_t *dst = own(m, (size_t)(rows * cols) * 2);
-    if (!dst) return tmx_err(err, TMX_ERR_NOMEM, "out of memory expanding %s", name);
-    const uint8_t *qb = q->data, *sb = sc.data;
-    for (int64_t i = 0; i < rows * cols; i++) {
-        const int e = (int)sb[i / 32] - 127; /* rows * cols / 32 scales in row-major order */
-        dst[i] = tmx_f32_to_bf16(ldexpf(tmx_e4m3_to_f32(qb[i]), e));
-    }
-    *out = (struct tmx_tensor){TMX_DTYPE_BF16, q->ndim, {q->shape[0], q->shape[1]}, dst};
-    return TMX_OK;
-}
-
 /* A rank's slice of a 2-D weight: rows [lo, lo + len) or columns [lo, lo + len); zero_row
  * appends a row of zeros (the embedding's, for ids of other ranks). */
 struct cut {
@@ -59,6 +34,51 @@ struct cut {
     int64_t lo, len;
     int zero_row;
 };
+
+/* MXFP8 tensor `name` (E4M3 codes *t [rows][cols], `name`_scale U8 [rows][cols / 32]) ->
+ * *t, one TMX_DTYPE_MXFP8 tensor (tmx/tensor.h) the model owns, cut to rows or whole blocks of
+ * 32 columns (c NULL: all of it). */
+static enum tmx_status pack_mxfp8(struct tmx_model *m, const struct tmx_checkpoint *ck,
+                                  const char *name, const struct cut *c, struct tmx_tensor *t,
+                                  char **err) {
+    char sname[256];
+    struct tmx_tensor sc;
+    snprintf(sname, sizeof sname, "%s_scale", name);
+    const int64_t rows = t->shape[0], cols = t->ndim == 2 ? t->shape[1] : 1;
+    if (tmx_checkpoint_find(ck, sname, &sc) != 0 || sc.dtype != TMX_DTYPE_U8 || sc.ndim != 2 ||
+        t->ndim != 2 || cols % 32 || sc.shape[0] != rows || sc.shape[1] != cols / 32)
+        return tmx_err(err, TMX_ERR_INVALID,
+                       "%s: F8_E4M3 tensor %s needs %s, U8 [%lld][%lld] (one UE8M0 scale per 32)",
+                       tmx_checkpoint_dir(ck), name, sname, (long long)rows, (long long)(cols / 32));
+    int64_t r0 = 0, nr = rows, c0 = 0, nc = cols;
+    if (c && c->cols) c0 = c->lo, nc = c->len;
+    else if (c) r0 = c->lo, nr = c->len;
+    if (c && (c->zero_row || c0 % 32 || nc % 32))
+        return tmx_err(err, TMX_ERR_UNSUPPORTED,
+                       "%s: MXFP8 tensor %s cannot be cut at columns [%lld, %lld): its scales "
+                       "cover blocks of 32", tmx_checkpoint_dir(ck), name, (long long)c0,
+                       (long long)(c0 + nc));
+    uint8_t *dst = own(m, (size_t)(nr * nc) + (size_t)(nr * nc / 32));
+    if (!dst) return tmx_err(err, TMX_ERR_NOMEM, "out of memory packing %s", name);
+    const uint8_t *q = t->data, *s = sc.data;
+    uint8_t *ds = dst + nr * nc; /* [nr][nc / 32] */
+    for (int64_t r = 0; r < nr; r++) {
+        memcpy(dst + r * nc, q + (r0 + r) * cols + c0, (size_t)nc);
+        memcpy(ds + r * (nc / 32), s + (r0 + r) * (cols / 32) + c0 / 32, (size_t)(nc / 32));
+    }
+    *t = (struct tmx_tensor){TMX_DTYPE_MXFP8, 2, {nr, nc}, dst};
+    return TMX_OK;
+}
+
+/* *t (MXFP8) -> its BF16 values, exact, in an array the model owns. */
+static enum tmx_status expand_mxfp8(struct tmx_model *m, const char *name, struct tmx_tensor *t,
+                                    char **err) {
+    uint16_t *dst = own(m, (size_t)tmx_tensor_numel(t) * 2);
+    if (!dst) return tmx_err(err, TMX_ERR_NOMEM, "out of memory expanding %s", name);
+    tmx_mxfp8_to_bf16(t, dst);
+    *t = (struct tmx_tensor){TMX_DTYPE_BF16, 2, {t->shape[0], t->shape[1]}, dst};
+    return TMX_OK;
+}
 
 /* host <- the cut of host: rows are a view of the same data, unless a zero row is appended;
  * columns and the zero row make a copy the model owns. */
@@ -88,16 +108,20 @@ static enum tmx_status cut_weight(struct tmx_model *m, const char *name, const s
     return TMX_OK;
 }
 
+#define BIND_OPTIONAL 1u /* a missing tensor leaves dev->data NULL */
+#define BIND_MATMUL 2u   /* a weight of the matmul op: MXFP8 stays MXFP8 where the set takes it */
+
 /* Binds `name` to *dev: looks it up, checks dtype and shape, cuts this rank's slice (cut NULL:
- * all of it), imports it. A missing optional tensor leaves dev->data NULL. Shape dims < 0 end
- * the list. */
+ * all of it), imports it. An MXFP8 tensor is offered to the set as such when it is a matmul
+ * weight, else (or when the set declines it) as its BF16 values. Shape dims < 0 end the list. */
 static enum tmx_status bind_cut(struct tmx_model *m, const struct tmx_checkpoint *ck,
-                                struct tmx_tensor *dev, int optional, const struct cut *cut,
+                                struct tmx_tensor *dev, unsigned flags, const struct cut *cut,
                                 char **err, const char *name, int64_t d0, int64_t d1) {
     struct tmx_tensor host;
+    enum tmx_status st;
     memset(dev, 0, sizeof *dev);
     if (tmx_checkpoint_find(ck, name, &host) != 0)
-        return optional ? TMX_OK
+        return flags & BIND_OPTIONAL ? TMX_OK
                         : tmx_err(err, TMX_ERR_NOT_FOUND, "%s: tensor %s is missing",
                                   tmx_checkpoint_dir(ck), name);
     int ndim = d1 >= 0 ? 2 : 1;
@@ -107,19 +131,20 @@ static enum tmx_status bind_cut(struct tmx_model *m, const struct tmx_checkpoint
                        tmx_checkpoint_dir(ck), name, (long long)host.shape[0],
                        host.ndim > 1 ? ", " : "", host.ndim > 1 ? (long long)host.shape[1] : 0LL,
                        (long long)d0, ndim > 1 ? ", " : "", ndim > 1 ? (long long)d1 : 0LL);
+    const int mm = (flags & BIND_MATMUL) != 0;
     if (host.dtype == TMX_DTYPE_F8_E4M3) {
-        enum tmx_status st = expand_mxfp8(m, ck, name, &host, &host, err);
-        if (st != TMX_OK) return st;
+        if ((st = pack_mxfp8(m, ck, name, mm ? cut : NULL, &host, err)) != TMX_OK) return st;
+        if (mm)
+            cut = NULL; /* cut already */
+        else if ((st = expand_mxfp8(m, name, &host, err)) != TMX_OK)
+            return st;
     }
     if (host.dtype != TMX_DTYPE_F32 && host.dtype != TMX_DTYPE_BF16 &&
-        host.dtype != TMX_DTYPE_F16)
+        host.dtype != TMX_DTYPE_F16 && host.dtype != TMX_DTYPE_MXFP8)
         return tmx_err(err, TMX_ERR_UNSUPPORTED, "%s: tensor %s is %s; dense weights must be "
                        "F32, BF16, F16 or MXFP8", tmx_checkpoint_dir(ck), name,
                        tmx_dtype_name(host.dtype));
-    if (cut && ndim == 2) {
-        enum tmx_status st = cut_weight(m, name, cut, &host, err);
-        if (st != TMX_OK) return st;
-    }
+    if (cut && ndim == 2 && (st = cut_weight(m, name, cut, &host, err)) != TMX_OK) return st;
     if (m->n_imported == m->cap_imported) {
         int cap = m->cap_imported ? 2 * m->cap_imported : 256;
         struct tmx_tensor **p = realloc(m->imported, (size_t)cap * sizeof *p);
@@ -127,15 +152,23 @@ static enum tmx_status bind_cut(struct tmx_model *m, const struct tmx_checkpoint
         m->imported = p;
         m->cap_imported = cap;
     }
-    enum tmx_status st = m->k->ops->weight_import(m->k->ctx, &host, dev, err);
+    st = m->k->ops->weight_import(m->k->ctx, &host, dev, err);
+    if (st == TMX_ERR_UNSUPPORTED && host.dtype == TMX_DTYPE_MXFP8) {
+        if (err) {
+            free(*err);
+            *err = NULL;
+        }
+        if ((st = expand_mxfp8(m, name, &host, err)) == TMX_OK)
+            st = m->k->ops->weight_import(m->k->ctx, &host, dev, err);
+    }
     if (st == TMX_OK) m->imported[m->n_imported++] = dev;
     return st;
 }
 
 static enum tmx_status bind(struct tmx_model *m, const struct tmx_checkpoint *ck,
-                            struct tmx_tensor *dev, int optional, char **err, const char *name,
+                            struct tmx_tensor *dev, unsigned flags, char **err, const char *name,
                             int64_t d0, int64_t d1) {
-    return bind_cut(m, ck, dev, optional, NULL, err, name, d0, d1);
+    return bind_cut(m, ck, dev, flags, NULL, err, name, d0, d1);
 }
 
 /* Rank r's part of n equal parts of `width` rows (cols 0) or columns (cols 1); NULL with one
@@ -187,8 +220,8 @@ static enum tmx_status bind_layer(struct tmx_model *m, const struct tmx_checkpoi
 #define B(t, opt, d0, d1, ...) \
     if ((st = bind(m, ck, &ly->t, opt, err, NAME(n, __VA_ARGS__), d0, d1))) return st
 #define C(t, cols, w, d0, d1, ...) \
-    if ((st = bind_cut(m, ck, &ly->t, 0, part(m, &cut, cols, w), err, NAME(n, __VA_ARGS__), d0, \
-                       d1)))                                                                  \
+    if ((st = bind_cut(m, ck, &ly->t, BIND_MATMUL, part(m, &cut, cols, w), err,                \
+                       NAME(n, __VA_ARGS__), d0, d1)))                                        \
     return st
     B(attn_norm, 0, d, -1, "model.layers.%d.input_layernorm.weight", l);
     C(wq, 0, qs, qd, d, "model.layers.%d.self_attn.q_proj.weight", l);
@@ -395,7 +428,7 @@ static enum tmx_status bind_ends(struct tmx_model *m, const struct tmx_checkpoin
     if (st == TMX_OK) st = bind(m, ck, &m->final_norm, 0, err, "model.norm.weight", c->hidden,
                                 -1);
     if (st == TMX_OK && (split || !c->tie_word_embeddings))
-        st = bind_cut(m, ck, &m->lm_head, 0, split ? &rows : NULL, err,
+        st = bind_cut(m, ck, &m->lm_head, BIND_MATMUL, split ? &rows : NULL, err,
                       c->tie_word_embeddings ? embed : "lm_head.weight", c->vocab_size,
                       c->hidden);
     return st;

@@ -5,8 +5,8 @@
  * allowance and KV cache for a context and a number of sequences, by the formulas of
  * core/forward.c; and the searches for the longest context and the most sequences that fit.
  * Sizes are what the engine allocates on the device, which is not always what the files hold:
- * MXFP8 weights are expanded to BF16 at load, a trellis codec decodes its CSF block scales to
- * one byte per block, the correction bias becomes F32. */
+ * a trellis codec decodes its CSF block scales to one byte per block, the correction bias
+ * becomes F32 (MXFP8 weights stay MXFP8: kernels.cuda imports them as they are). */
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -208,8 +208,9 @@ static struct where classify(const char *name, const struct tmx_tensor *t, int64
     return none;
 }
 
-/* mx: 0 a plain tensor, 1 an MXFP8 value tensor (loaded as BF16), 2 its UE8M0 scales (folded
- * into the BF16 copy). The router's correction bias is read as F32 (core/model.c). */
+/* mx: 0 a plain tensor, 1 an MXFP8 value tensor (the codes, counted with their scales: they
+ * are sharded alike), 2 its UE8M0 scales. The router's correction bias is read as F32
+ * (core/model.c). */
 static void account_model(struct acc *a, const char *name, const struct tmx_tensor *t, int mx) {
     add_file(a, t);
     if (mx == 2) return;
@@ -218,7 +219,7 @@ static void account_model(struct acc *a, const char *name, const struct tmx_tens
         unused(a, t);
         return;
     }
-    uint64_t nb = mx ? (uint64_t)tmx_tensor_numel(t) * 2 : tmx_tensor_nbytes(t);
+    uint64_t nb = tmx_tensor_nbytes(t) + (mx ? (uint64_t)tmx_tensor_numel(t) / 32 : 0);
     if (ends_with(name, ".mlp.router.correction_bias")) nb = (uint64_t)tmx_tensor_numel(t) * 4;
     add(a, (enum tmx_plan_part)w.part, nb, w.len, w.unit);
 }
@@ -517,8 +518,9 @@ static uint64_t step_buffers(const struct tmx_plan *p, const struct shape *s) {
 }
 
 /* kernels.cuda's scratch: the largest request (a BF16 matmul of more than 8 rows splits its
- * input into hi/lo BF16 halves; BF16 experts keep [pairs][inter + latent] F32), twice, because
- * the set grows it by doubling and keeps the outgrown blocks for recorded graphs. */
+ * input into hi/lo BF16 halves, and an MXFP8 one also expands its weight to BF16 there; BF16
+ * experts keep [pairs][inter + latent] F32), twice, because the set grows it by doubling and
+ * keeps the outgrown blocks for recorded graphs. */
 static uint64_t kernel_scratch(const struct tmx_plan *p, int batch) {
     const struct tmx_model_config *c = &p->cfg;
     const int tp = p->opt.tp;
@@ -531,6 +533,8 @@ static uint64_t kernel_scratch(const struct tmx_plan *p, int batch) {
     for (int i = 0; i < 3; i++)
         if (widths[i] > k) k = widths[i];
     uint64_t need = 2 * align256((uint64_t)batch * (uint64_t)k * 2);
+    if (p->attention_mxfp8 && batch > 8) /* q_proj and o_proj: the largest, [qd_r][hidden] */
+        need += align256((uint64_t)qd_r * (uint64_t)c->hidden * 2);
     if (strcmp(p->experts_codec, "bf16") == 0 && c->n_routed_experts) {
         const uint64_t pairs = (uint64_t)batch * (uint64_t)c->n_experts_per_tok;
         const uint64_t inter_r = (uint64_t)rank_extent(c->moe_intermediate_size, TILE, tp);

@@ -1,4 +1,5 @@
 /* tensor.c: dtype names and sizes. */
+#include <math.h>
 #include <string.h>
 
 #include "tmx/tensor.h"
@@ -9,7 +10,7 @@ static const struct {
 } dtypes[TMX_DTYPE_COUNT] = {
     [TMX_DTYPE_F32] = {"F32", 4},     [TMX_DTYPE_BF16] = {"BF16", 2}, [TMX_DTYPE_F16] = {"F16", 2},
     [TMX_DTYPE_F8_E4M3] = {"F8_E4M3", 1}, [TMX_DTYPE_U8] = {"U8", 1}, [TMX_DTYPE_I32] = {"I32", 4},
-    [TMX_DTYPE_I8] = {"I8", 1},
+    [TMX_DTYPE_I8] = {"I8", 1},       [TMX_DTYPE_MXFP8] = {"MXFP8", 1},
 };
 
 size_t tmx_dtype_size(enum tmx_dtype dt) { return dt < TMX_DTYPE_COUNT ? dtypes[dt].size : 0; }
@@ -20,7 +21,7 @@ const char *tmx_dtype_name(enum tmx_dtype dt) {
 
 enum tmx_dtype tmx_dtype_from_name(const char *name) {
     for (int i = 0; i < TMX_DTYPE_COUNT; i++)
-        if (strcmp(dtypes[i].name, name) == 0) return (enum tmx_dtype)i;
+        if (i != TMX_DTYPE_MXFP8 && strcmp(dtypes[i].name, name) == 0) return (enum tmx_dtype)i;
     return TMX_DTYPE_COUNT;
 }
 
@@ -31,5 +32,13 @@ int64_t tmx_tensor_numel(const struct tmx_tensor *t) {
 }
 
 size_t tmx_tensor_nbytes(const struct tmx_tensor *t) {
-    return (size_t)tmx_tensor_numel(t) * tmx_dtype_size(t->dtype);
+    const size_t n = (size_t)tmx_tensor_numel(t);
+    return t->dtype == TMX_DTYPE_MXFP8 ? n + n / 32 : n * tmx_dtype_size(t->dtype);
+}
+
+void tmx_mxfp8_to_bf16(const struct tmx_tensor *mx, uint16_t *out) {
+    const int64_t n = tmx_tensor_numel(mx);
+    const uint8_t *q = mx->data, *scale = q + n; /* one scale per 32 codes, in order */
+    for (int64_t i = 0; i < n; i++)
+        out[i] = tmx_f32_to_bf16(ldexpf(tmx_e4m3_to_f32(q[i]), (int)scale[i / 32] - 127));
 }

@@ -72,7 +72,7 @@ static void print_text(const char *dir, const struct tmx_plan *p) {
     printf("\nweights   %s: experts %s", o->virtual_model ? "virtual (docs/model.md's tensors, "
            "BF16)" : "from the safetensors headers", p->experts_codec);
     if (p->experts_bits) printf(" K=%d, block scales per %d", p->experts_bits, p->experts_block);
-    printf("%s\n", p->attention_mxfp8 ? "; attention MXFP8, expanded to BF16 at load" : "");
+    printf("%s\n", p->attention_mxfp8 ? "; attention MXFP8" : "");
     char h1[32], h2[32], h3[32];
     printf("files     %s of tensors (%llu bytes) in %lld tensors", human(h1, p->file_bytes),
            (unsigned long long)p->file_bytes, (long long)p->n_tensors);
@@ -104,7 +104,7 @@ static void print_text(const char *dir, const struct tmx_plan *p) {
     snprintf(label, sizeof label, "  step buffers (batch %d, %d sequence%s)", p->batch, p->seqs,
              p->seqs == 1 ? "" : "s");
     row(label, p->step_buffers);
-    row("  kernel scratch (split BF16 matmul, x2)", p->kernel_scratch);
+    row("  kernel scratch (BF16 matmul split, x2)", p->kernel_scratch);
     row("  codec scratch (trellis expert block)", p->codec_scratch);
     row("  reserve (CUDA context, cuBLASLt, NCCL)", p->reserve);
     row("runtime", p->runtime);

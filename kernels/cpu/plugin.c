@@ -46,7 +46,7 @@ const char *cpu_dtype_name(enum tmx_dtype dt) {
     static const char *const names[TMX_DTYPE_COUNT] = {
         [TMX_DTYPE_F32] = "F32", [TMX_DTYPE_BF16] = "BF16", [TMX_DTYPE_F16] = "F16",
         [TMX_DTYPE_F8_E4M3] = "F8_E4M3", [TMX_DTYPE_U8] = "U8", [TMX_DTYPE_I32] = "I32",
-        [TMX_DTYPE_I8] = "I8",
+        [TMX_DTYPE_I8] = "I8", [TMX_DTYPE_MXFP8] = "MXFP8",
     };
     return (unsigned)dt < TMX_DTYPE_COUNT ? names[dt] : "?";
 }

@@ -10,7 +10,13 @@
  * GEMMs with F32 accumulation add W.hi and W.lo: what is left is ~2^-17 relative per element,
  * at twice the tensor-core work of a plain BF16 GEMM. F16 weights would need the same split in
  * F16, whose range (65504) and subnormals break it for real activations, so they take the GEMV
- * kernel over groups of 8 tokens (correct, not fast: F16 checkpoints are rare). */
+ * kernel over groups of 8 tokens (correct, not fast: F16 checkpoints are rare).
+ *
+ * MXFP8 weights (E4M3 codes, then a UE8M0 scale per 32: tmx/tensor.h) keep their codes in
+ * device memory: decode reads a byte a weight where BF16 reads two (mxfp8_gemv_kernel);
+ * prefill expands them into BF16 scratch, exactly, and takes the BF16 path. */
+#include <cuda_fp8.h>
+
 #include "cuda-dev.cuh"
 
 #define GEMV_WARPS 8 /* weight rows per block: one per warp */
@@ -90,6 +96,78 @@ static void gemv(struct cu_ctx *c, float *y, const float *x, const void *w, int 
     else gemv_launch<DT, 8>(c, y, x, w, n, m, k);
 }
 
+/* One warp per weight row r, as gemv_kernel: a lane takes 16 codes at a time, which lie in one
+ * block of 32, converts them in pairs (E4M3 -> f16 is exact) and scales its partial sum by the
+ * block's 2^(s - 127) (exact but at the ends of the float range, as the BF16 expansion is).
+ * w: codes [m][k], then scales [m][k / 32]. VEC: 16-byte loads of x (16-byte aligned). */
+template <int NT, bool VEC>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+mxfp8_gemv_kernel(float *y, const float *x, const uint8_t *w, int n, int m, int k) {
+    int r = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    int t0 = blockIdx.y * NT, nt = n - t0 < NT ? n - t0 : NT;
+    if (r >= m) return;
+    const uint8_t *scale = w + (int64_t)m * k + (int64_t)r * (k / 32);
+    float acc[NT];
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int i = lane * 16; i < k; i += 32 * 16) {
+        const uint4 u = __ldg((const uint4 *)(w + (int64_t)r * k + i));
+        const uint32_t q[4] = {u.x, u.y, u.z, u.w};
+        float wv[16];
+        for (int j = 0; j < 8; j++) {
+            const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+                (__nv_fp8x2_storage_t)(q[j / 2] >> 16 * (j % 2)), __NV_E4M3);
+            const float2 f = __half22float2(*(const __half2 *)&h);
+            wv[2 * j] = f.x, wv[2 * j + 1] = f.y;
+        }
+        const int e = (int)__ldg(scale + i / 32) - 127;
+        for (int t = 0; t < NT; t++) {
+            if (t >= nt) break;
+            const float *xt = x + (int64_t)(t0 + t) * k + i;
+            float d = 0.0f;
+            if (VEC) {
+                for (int j = 0; j < 4; j++) {
+                    const float4 a = *(const float4 *)(xt + 4 * j);
+                    d += wv[4 * j] * a.x + wv[4 * j + 1] * a.y + wv[4 * j + 2] * a.z +
+                         wv[4 * j + 3] * a.w;
+                }
+            } else {
+                for (int j = 0; j < 16; j++) d += wv[j] * xt[j];
+            }
+            acc[t] += ldexpf(d, e);
+        }
+    }
+    for (int t = 0; t < NT; t++) {
+        float s = warp_sum(acc[t]);
+        if (t < nt && lane == 0) y[(int64_t)(t0 + t) * m + r] = s;
+    }
+}
+
+template <int NT>
+static void mxfp8_gemv_launch(struct cu_ctx *c, float *y, const float *x, const uint8_t *w, int n,
+                              int m, int k) {
+    dim3 grid((unsigned)((m + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + NT - 1) / NT));
+    if (((uintptr_t)x & 15) == 0)
+        mxfp8_gemv_kernel<NT, true><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, n, m, k);
+    else
+        mxfp8_gemv_kernel<NT, false><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, n, m, k);
+}
+
+static void mxfp8_gemv(struct cu_ctx *c, float *y, const float *x, const uint8_t *w, int n, int m,
+                       int k) {
+    if (n == 1) mxfp8_gemv_launch<1>(c, y, x, w, n, m, k);
+    else if (n == 2) mxfp8_gemv_launch<2>(c, y, x, w, n, m, k);
+    else if (n <= 4) mxfp8_gemv_launch<4>(c, y, x, w, n, m, k);
+    else mxfp8_gemv_launch<8>(c, y, x, w, n, m, k);
+}
+
+/* MXFP8 [count / k][k] (codes, then scales) -> its BF16 values, exact. */
+__global__ void mxfp8_to_bf16_kernel(__nv_bfloat16 *out, const uint8_t *w, int64_t count) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    const float v = ldexpf(e4m3_to_f32(w[i]), (int)w[count + i / 32] - 127);
+    out[i] = __ushort_as_bfloat16(f32_to_bf16_bits(v));
+}
+
 /* --- cuBLASLt ------------------------------------------------------------------------------ */
 
 /* x = hi + lo, both BF16: [count] F32 -> [count] BF16 twice. */
@@ -148,13 +226,14 @@ done:
     return found;
 }
 
-/* BF16 weights, n > 8: the hi/lo split, then two GEMMs into y. */
-static int lt_matmul_bf16(struct cu_ctx *c, float *y, const float *x, const void *w, int n,
-                          int m, int k) {
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* BF16 weights, n > 8: the hi/lo split into s (scratch of 2 align256(2 n k) bytes), then two
+ * GEMMs into y. */
+static int lt_matmul_bf16(struct cu_ctx *c, char *s, float *y, const float *x, const void *w,
+                          int n, int m, int k) {
     int64_t count = (int64_t)n * k;
-    size_t half = ((size_t)count * 2 + 255) & ~(size_t)255;
-    char *s = (char *)cu_scratch(c, 2 * half, "matmul");
-    if (!s) return 1;
+    size_t half = align256((size_t)count * 2);
     __nv_bfloat16 *hi = (__nv_bfloat16 *)s, *lo = (__nv_bfloat16 *)(s + half);
     split_bf16_kernel<<<blocks_for(count, 256), 256, 0, c->stream>>>(hi, lo, x, count);
     if (!cu_check_launch(c, "matmul")) return 1;
@@ -166,7 +245,9 @@ static int lt_matmul_bf16(struct cu_ctx *c, float *y, const float *x, const void
 
 extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_tensor *w, int n) {
     struct cu_ctx *c = (struct cu_ctx *)ctx;
-    if (!cu_enter(c, "matmul") || !cu_check_weight(c, "matmul", "weight", w, 2, 0, 0)) return;
+    const int mx = w && w->data && w->dtype == TMX_DTYPE_MXFP8; /* weight_import checked it */
+    if (!cu_enter(c, "matmul") || (!mx && !cu_check_weight(c, "matmul", "weight", w, 2, 0, 0)))
+        return;
     if (n < 0 || w->shape[0] > INT32_MAX || w->shape[1] > INT32_MAX) {
         cu_fail(c, TMX_ERR_INVALID, "matmul: n = %d, weight [%lld][%lld]", n,
                 (long long)w->shape[0], (long long)w->shape[1]);
@@ -174,9 +255,29 @@ extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_
     }
     if (n == 0) return;
     int m = (int)w->shape[0], k = (int)w->shape[1];
+    const size_t split = 2 * align256((size_t)n * k * 2); /* the hi/lo split's scratch */
+    if (mx) {
+        if (n <= 8) {
+            mxfp8_gemv(c, y, x, (const uint8_t *)w->data, n, m, k);
+        } else { /* the BF16 values after the split's scratch, then as a BF16 weight */
+            const int64_t count = (int64_t)m * k;
+            char *s = (char *)cu_scratch(c, split + align256((size_t)count * 2), "matmul");
+            if (!s) return;
+            __nv_bfloat16 *wb = (__nv_bfloat16 *)(s + split);
+            mxfp8_to_bf16_kernel<<<blocks_for(count, 256), 256, 0, c->stream>>>(
+                wb, (const uint8_t *)w->data, count);
+            if (!cu_check_launch(c, "matmul") || lt_matmul_bf16(c, s, y, x, wb, n, m, k)) return;
+            gemv<TMX_DTYPE_BF16>(c, y, x, wb, n, m, k);
+        }
+        cu_check_launch(c, "matmul");
+        return;
+    }
     if (n > 8 && w->dtype == TMX_DTYPE_F32 && lt_matmul(c, CUDA_R_32F, w->data, x, y, n, m, k, 0))
         return;
-    if (n > 8 && w->dtype == TMX_DTYPE_BF16 && lt_matmul_bf16(c, y, x, w->data, n, m, k)) return;
+    if (n > 8 && w->dtype == TMX_DTYPE_BF16) {
+        char *s = (char *)cu_scratch(c, split, "matmul");
+        if (!s || lt_matmul_bf16(c, s, y, x, w->data, n, m, k)) return;
+    }
     CU_DISPATCH_W(w->dtype, gemv<DT>(c, y, x, w->data, n, m, k));
     cu_check_launch(c, "matmul");
 }

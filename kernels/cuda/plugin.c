@@ -61,7 +61,7 @@ static const char *dtype_name(enum tmx_dtype dt) {
     static const char *const names[TMX_DTYPE_COUNT] = {
         [TMX_DTYPE_F32] = "F32", [TMX_DTYPE_BF16] = "BF16", [TMX_DTYPE_F16] = "F16",
         [TMX_DTYPE_F8_E4M3] = "F8_E4M3", [TMX_DTYPE_U8] = "U8", [TMX_DTYPE_I32] = "I32",
-        [TMX_DTYPE_I8] = "I8",
+        [TMX_DTYPE_I8] = "I8", [TMX_DTYPE_MXFP8] = "MXFP8",
     };
     return (unsigned)dt < TMX_DTYPE_COUNT ? names[dt] : "?";
 }
@@ -208,14 +208,20 @@ static enum tmx_status cu_buf_read(void *ctx, void *host_dst, const void *src, s
 static enum tmx_status cu_weight_import(void *ctx, const struct tmx_tensor *host,
                                         struct tmx_tensor *dev, char **err) {
     struct cu_ctx *c = ctx;
-    if (!weight_dtype_ok(host->dtype))
+    const int mx = host->dtype == TMX_DTYPE_MXFP8; /* a matmul weight: codes, then scales */
+    if (!weight_dtype_ok(host->dtype) && !mx)
         return c->host->err(err, TMX_ERR_UNSUPPORTED,
-                            "kernels.cuda: weight dtype %s not supported (F32, BF16 or F16)",
-                            dtype_name(host->dtype));
+                            "kernels.cuda: weight dtype %s not supported (F32, BF16, F16 or "
+                            "MXFP8)", dtype_name(host->dtype));
+    if (mx && (host->ndim != 2 || host->shape[0] <= 0 || host->shape[1] <= 0 ||
+               host->shape[1] % 32))
+        return c->host->err(err, TMX_ERR_INVALID,
+                            "kernels.cuda: MXFP8 weight must be 2-D with a multiple of 32 columns");
     if (!cu_enter(c, "weight_import"))
         return c->host->err(err, TMX_ERR_DEVICE, "kernels.cuda: cannot select device %d", c->device);
-    size_t nbytes = host->dtype == TMX_DTYPE_F32 ? 4 : 2;
+    size_t nbytes = 1;
     for (int d = 0; d < host->ndim; d++) nbytes *= (size_t)host->shape[d];
+    nbytes = mx ? nbytes + nbytes / 32 : nbytes * (host->dtype == TMX_DTYPE_F32 ? 4 : 2);
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, nbytes ? nbytes : 1);
     if (e != cudaSuccess)

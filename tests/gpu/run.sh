@@ -10,6 +10,7 @@
 #   1. nvidia-smi                                   gpu.txt
 #   2. tmx conform --kernels cuda (+ per-case time) conform.txt, conform.json
 #   3. tmx-graph-check cuda                         graph.txt
+#      tmx-bench-matmul cuda: BF16 against MXFP8 weights   bench-matmul.json
 #   4. muse-tiny BF16 and F32 (when carried), every KV cache dtype, and its K3 builds (e4m3,
 #      fp4; quantized on the machine from BF16 unless carried): 64 greedy tokens with kernels cpu
 #      and cuda, texts compared; a longer cuda run for decode tokens/s  generate.txt, summary.json
@@ -65,6 +66,11 @@ echo "== graphs"
 "$bin/tmx-graph-check" cuda > "$OUT/graph.txt" 2>&1
 graph_rc=$?
 cat "$OUT/graph.txt"
+
+echo "== matmul: BF16 against MXFP8 weights"
+"$bin/tmx-bench-matmul" cuda "$OUT/bench-matmul.json" > "$OUT/logs/bench-matmul.txt" 2>&1
+bench_rc=$?
+cat "$OUT/logs/bench-matmul.txt"
 
 echo "== muse-tiny end to end"
 # Its K3 builds are quantized here from the BF16 model when .devmodels lacks them (beside the
@@ -151,9 +157,10 @@ if [ -x .gpu-codec/trellis-gpu-bench ]; then
         cuobjdump -sass -arch sm_90a .gpu-codec/trellis-gpu-bench > "$OUT/logs/sass.txt" 2>&1
 fi
 
-python3 - "$OUT" "$conform_rc" "$graph_rc" "$san" "$gpu" "$codec_rc" "${rows[@]}" <<'EOF'
+python3 - "$OUT" "$conform_rc" "$graph_rc" "$san" "$gpu" "$codec_rc" "$bench_rc" "${rows[@]}" <<'EOF'
 import json, os, sys
-out, conform_rc, graph_rc, san, gpu, codec_rc, rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7:]
+out, conform_rc, graph_rc, san, gpu, codec_rc, bench_rc = sys.argv[1:8]
+conform_rc, graph_rc, rows = int(conform_rc), int(graph_rc), sys.argv[8:]
 path = f"{out}/conform.json"
 doc = json.load(open(path)) if os.path.exists(path) else {"cases": []}
 fails = [c["name"] for c in doc["cases"] if not c["pass"]]
@@ -165,7 +172,8 @@ for c in doc["cases"]:
     if c["tol"] and c["err"] is not None:
         o["worst_err_over_tol"] = max(o["worst_err_over_tol"], c["err"] / c["tol"])
 summary = {"gpu": gpu, "conform_rc": conform_rc, "graph_rc": graph_rc, "sanitizer": san,
-           "codec_rc": codec_rc, "ops": ops, "failed": fails, "generate": rows}
+           "codec_rc": codec_rc, "bench_matmul_rc": bench_rc, "ops": ops, "failed": fails,
+           "generate": rows}
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print(f"\n==== {gpu}")
 print(f"{'op':<14}{'pass':>9}  worst err/tol")
@@ -173,7 +181,8 @@ for k, v in ops.items():
     print(f"{k:<14}{v['pass']:>5}/{v['cases']:<3}  {v['worst_err_over_tol']:.3f}")
 print(f"conformance: {len(doc['cases']) - len(fails)}/{len(doc['cases'])} pass (rc {conform_rc})"
       + (f"; FAIL: {', '.join(fails)}" if fails else ""))
-print(f"graph check: {'PASS' if graph_rc == 0 else 'FAIL'}; sanitizer: {san}; codec bench rc: {codec_rc}")
+print(f"graph check: {'PASS' if graph_rc == 0 else 'FAIL'}; sanitizer: {san}; codec bench rc: "
+      f"{codec_rc}; matmul bench rc: {bench_rc}")
 for r in rows:
     a, b, c = r.split("|")
     print(f"  {a:<22} {b:<58} {c}")

@@ -256,6 +256,10 @@ static void test_reject_entries(void **state) {
            "tensor 'w': dtype F64 is not one tmx reads");
     REJECT(TMX_ERR_UNSUPPORTED, ENTRY("\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]"), 8,
            "tensor 'w': dtype I64 is not one tmx reads");
+    /* MXFP8 is tmx's in-memory weight format, never a file's dtype */
+    REJECT(TMX_ERR_UNSUPPORTED,
+           ENTRY("\"dtype\":\"MXFP8\",\"shape\":[1],\"data_offsets\":[0,1]"), 1,
+           "tensor 'w': dtype MXFP8 is not one tmx reads");
     REJECT(TMX_ERR_INVALID, ENTRY("\"dtype\":\"F32\",\"data_offsets\":[0,4]"), 4,
            "tensor 'w': \"shape\" is missing or not an array");
     REJECT(TMX_ERR_INVALID, ENTRY("\"dtype\":\"F32\",\"shape\":4,\"data_offsets\":[0,4]"), 4,

@@ -8,7 +8,8 @@
  * (device memory on a GPU set, host memory on the CPU set); pointers passed to ops point into
  * such buffers, possibly at an offset. Weights are imported once with weight_import from the
  * host (mmapped) tensor; the kernel set owns the imported copy until weight_free. Activations
- * are F32 and row-major; weights are F32, BF16 or F16 unless an op says otherwise.
+ * are F32 and row-major; weights are F32, BF16 or F16 unless an op says otherwise; matmul's
+ * may also be MXFP8 (ABI 2.2), on sets that import it.
  *
  * Tensor parallelism. An op never knows about ranks: a rank's graph calls the same ops with its
  * slice of heads and experts; communication belongs to the core. Two optional ops at the end
@@ -71,7 +72,9 @@ struct tmx_kernels_i {
     enum tmx_status (*buf_write)(void *ctx, void *dst, const void *host_src, size_t nbytes);
     enum tmx_status (*buf_read)(void *ctx, void *host_dst, const void *src, size_t nbytes);
     /* Makes a host tensor usable as a weight: `dev` gets the same dtype and shape and a device
-     * address. The CPU set may alias the host data (no copy); the host data outlives `dev`. */
+     * address. The CPU set may alias the host data (no copy); the host data outlives `dev`.
+     * The core offers matmul weights stored as MXFP8 in that dtype (ABI 2.2); a set that
+     * returns TMX_ERR_UNSUPPORTED for it is offered their exact BF16 values instead. */
     enum tmx_status (*weight_import)(void *ctx, const struct tmx_tensor *host,
                                      struct tmx_tensor *dev, char **err);
     void (*weight_free)(void *ctx, struct tmx_tensor *dev);
@@ -97,7 +100,8 @@ struct tmx_kernels_i {
     void (*rmsnorm)(void *ctx, float *out, const float *x, const struct tmx_tensor *w, int rows,
                     int d, float eps);
 
-    /* y[n][m] = x[n][k] . w[m][k]^T, m = w->shape[0], k = w->shape[1]. */
+    /* y[n][m] = x[n][k] . w[m][k]^T, m = w->shape[0], k = w->shape[1]; w F32, BF16, F16 or
+     * an imported MXFP8 weight. */
     void (*matmul)(void *ctx, float *y, const float *x, const struct tmx_tensor *w, int n);
 
     /* In place on x[n][heads][hd]: rotate-half RoPE, pairs (i, i + hd/2) rotated by

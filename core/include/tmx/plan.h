@@ -66,7 +66,7 @@ struct tmx_plan {
     struct tmx_plan_options opt;  /* with defaults applied */
     char experts_codec[16];       /* "bf16", "trellis-e4m3", "trellis-fp4" */
     int experts_bits, experts_block;
-    int attention_mxfp8;          /* attention stored MXFP8 (loaded as BF16) */
+    int attention_mxfp8;          /* attention stored MXFP8 (kept MXFP8 on the device) */
     /* the checkpoint as stored */
     int n_files;                  /* safetensors files read (0 when virtual) */
     int64_t n_tensors;
@@ -80,7 +80,8 @@ struct tmx_plan {
     /* runtime allowance */
     int batch, seqs;              /* after forward.c's clamps (batch <= context, seqs <= batch) */
     uint64_t step_buffers;        /* forward.c step_buffers_init, rank's heads */
-    uint64_t kernel_scratch;      /* kernels.cuda: split BF16 matmul or BF16 experts, x2 growth */
+    uint64_t kernel_scratch;      /* kernels.cuda: BF16 matmul split (+ MXFP8 expansion) or BF16
+                                     experts, x2 growth */
     uint64_t codec_scratch;       /* trellis device path: the expert block's buffers */
     uint64_t reserve;
     uint64_t runtime;

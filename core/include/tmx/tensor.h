@@ -20,6 +20,11 @@ enum tmx_dtype {
     TMX_DTYPE_U8,
     TMX_DTYPE_I32,
     TMX_DTYPE_I8,
+    /* A weight format, not a file dtype (ABI 2.2): MXFP8 [m][k], k a multiple of 32, as one
+     * buffer of m * k E4M3 codes followed by m * k / 32 UE8M0 scales; W[r][c] = e4m3(q[r][c]) *
+     * 2^(scale[r][c / 32] - 127) (docs/trellismx.md, section 10.5). tmx_dtype_size gives the
+     * codes' 1 byte; tmx_tensor_nbytes counts the scales too. */
+    TMX_DTYPE_MXFP8,
     TMX_DTYPE_COUNT
 };
 
@@ -32,11 +37,14 @@ struct tmx_tensor {
 
 size_t tmx_dtype_size(enum tmx_dtype dt);
 const char *tmx_dtype_name(enum tmx_dtype dt); /* safetensors spelling: "F32", "BF16", ... */
-/* Returns TMX_DTYPE_COUNT when the name is not one tmx reads. */
+/* Returns TMX_DTYPE_COUNT when the name is not one tmx reads from a file (MXFP8 is not). */
 enum tmx_dtype tmx_dtype_from_name(const char *name);
 
 int64_t tmx_tensor_numel(const struct tmx_tensor *t);
 size_t tmx_tensor_nbytes(const struct tmx_tensor *t);
+/* The BF16 values of an MXFP8 tensor, out[numel] (exact for every E4M3 code times a scale
+ * BF16 can hold: E4M3 has 3 mantissa bits, BF16 7). */
+void tmx_mxfp8_to_bf16(const struct tmx_tensor *mx, uint16_t *out);
 
 /* bf16 is the top half of an f32; rounding to nearest even, NaN kept quiet. */
 static inline float tmx_bf16_to_f32(uint16_t h) {
