@@ -96,56 +96,116 @@ static void gemv(struct cu_ctx *c, float *y, const float *x, const void *w, int 
     else gemv_launch<DT, 8>(c, y, x, w, n, m, k);
 }
 
-/* One warp per weight row r, as gemv_kernel: a lane takes 16 codes at a time, which lie in one
- * block of 32, converts them in pairs (E4M3 -> f16 is exact) and scales its partial sum by the
- * block's 2^(s - 127) (exact but at the ends of the float range, as the BF16 expansion is).
- * w: codes [m][k], then scales [m][k / 32]. VEC: 16-byte loads of x (16-byte aligned). */
+/* 2^(s - 127) for a UE8M0 scale byte s, exact (s = 255, OCP's NaN, is no scale tmx writes). */
+__device__ __forceinline__ float ue8m0(uint32_t s) {
+    return s ? __uint_as_float(s << 23) : 0x1p-127f;
+}
+
+/* Codes q[0..2n) (E4M3, in bytes of words) -> f32 values, in pairs through f16 (exact). */
+template <int N>
+__device__ __forceinline__ void e4m3_to_f32x(const uint32_t (&q)[N], float (&v)[4 * N]) {
+#pragma unroll
+    for (int j = 0; j < 2 * N; j++) {
+        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+            (__nv_fp8x2_storage_t)(q[j / 2] >> 16 * (j % 2)), __NV_E4M3);
+        const float2 f = __half22float2(*(const __half2 *)&h);
+        v[2 * j] = f.x, v[2 * j + 1] = f.y;
+    }
+}
+
+#define MX_ROWS 2   /* weight rows of a block, whose 8 warps split k (4: up to 43% slower) */
+#define MX_STEP 512 /* codes of a row a warp takes at a time: lane l those at 4 l + 128 j */
+
+/* A block computes MX_ROWS rows from r0 on; warp w takes steps w, w + 8, ... of MX_STEP codes
+ * of all of them, x loaded once a step for the MX_ROWS rows, and loads its next step before
+ * it computes this one: 2 KB of codes in flight a warp. Each load of a warp, codes or x, is one
+ * contiguous piece. The warps' sums meet in shared memory. (One warp a row, as gemv_kernel,
+ * read the codes at half the rate gemv_kernel reads BF16: docs/perf/h200.md.) A block's sum of
+ * codes times x, in f32, is scaled by its 2^(s - 127); the block scales of a step, a lane each,
+ * go round by shuffles. w: codes [m][k], then scales [m][k / 32]. VEC: 16-byte loads of x. */
 template <int NT, bool VEC>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-mxfp8_gemv_kernel(float *y, const float *x, const uint8_t *w, int n, int m, int k) {
-    int r = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    int t0 = blockIdx.y * NT, nt = n - t0 < NT ? n - t0 : NT;
-    if (r >= m) return;
-    const uint8_t *scale = w + (int64_t)m * k + (int64_t)r * (k / 32);
-    float acc[NT];
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    for (int i = lane * 16; i < k; i += 32 * 16) {
-        const uint4 u = __ldg((const uint4 *)(w + (int64_t)r * k + i));
-        const uint32_t q[4] = {u.x, u.y, u.z, u.w};
-        float wv[16];
-        for (int j = 0; j < 8; j++) {
-            const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-                (__nv_fp8x2_storage_t)(q[j / 2] >> 16 * (j % 2)), __NV_E4M3);
-            const float2 f = __half22float2(*(const __half2 *)&h);
-            wv[2 * j] = f.x, wv[2 * j + 1] = f.y;
+mxfp8_gemv_kernel(float *__restrict__ y, const float *__restrict__ x,
+                  const uint8_t *__restrict__ w, int n, int m, int k) {
+    __shared__ float red[GEMV_WARPS][MX_ROWS][NT];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = blockIdx.x * MX_ROWS;
+    const int t0 = blockIdx.y * NT, nt = min(n - t0, NT), rows = min(m - r0, MX_ROWS);
+    const int nb = k / 32, stride = GEMV_WARPS * MX_STEP;
+    float acc[MX_ROWS][NT] = {};
+    uint32_t c[MX_ROWS][4], s[MX_ROWS];
+    auto load = [&](int base) { /* rows past m read the last one again, never stored */
+#pragma unroll
+        for (int r = 0; r < MX_ROWS; r++) {
+            const int64_t row = r0 + min(r, rows - 1);
+            const uint32_t *cw = (const uint32_t *)(w + row * k);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int p = base + 4 * lane + 128 * j;
+                c[r][j] = p < k ? __ldg(cw + p / 4) : 0u;
+            }
+            const int b = base / 32 + lane % 16;
+            s[r] = b < nb ? __ldg(w + (int64_t)m * k + row * nb + b) : 0u;
         }
-        const int e = (int)__ldg(scale + i / 32) - 127;
+    };
+    if (warp * MX_STEP < k) load(warp * MX_STEP);
+    for (int base = warp * MX_STEP; base < k; base += stride) {
+        uint32_t q[MX_ROWS][4];
+        float f[MX_ROWS][4];
+#pragma unroll
+        for (int r = 0; r < MX_ROWS; r++) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                q[r][j] = c[r][j];
+                f[r][j] = ue8m0(__shfl_sync(0xffffffffu, s[r], lane / 8 + 4 * j));
+            }
+        }
+        if (base + stride < k) load(base + stride);
+#pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= nt) break;
-            const float *xt = x + (int64_t)(t0 + t) * k + i;
-            float d = 0.0f;
-            if (VEC) {
-                for (int j = 0; j < 4; j++) {
-                    const float4 a = *(const float4 *)(xt + 4 * j);
-                    d += wv[4 * j] * a.x + wv[4 * j + 1] * a.y + wv[4 * j + 2] * a.z +
-                         wv[4 * j + 3] * a.w;
-                }
-            } else {
-                for (int j = 0; j < 16; j++) d += wv[j] * xt[j];
+            const float *xt = x + (int64_t)(t0 + t) * k + base + 4 * lane;
+            float4 a[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const bool in = base + 4 * lane + 128 * j < k;
+                a[j] = !in ? make_float4(0, 0, 0, 0)
+                     : VEC ? *(const float4 *)(xt + 128 * j)
+                           : make_float4(xt[128 * j], xt[128 * j + 1], xt[128 * j + 2],
+                                         xt[128 * j + 3]);
             }
-            acc[t] += ldexpf(d, e);
+#pragma unroll
+            for (int r = 0; r < MX_ROWS; r++) {
+                float wv[16], d = 0.0f;
+                e4m3_to_f32x(q[r], wv);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    d += f[r][j] * (wv[4 * j] * a[j].x + wv[4 * j + 1] * a[j].y +
+                                    wv[4 * j + 2] * a[j].z + wv[4 * j + 3] * a[j].w);
+                acc[r][t] += d;
+            }
         }
     }
-    for (int t = 0; t < NT; t++) {
-        float s = warp_sum(acc[t]);
-        if (t < nt && lane == 0) y[(int64_t)(t0 + t) * m + r] = s;
+#pragma unroll
+    for (int r = 0; r < MX_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0) red[warp][r][t] = v;
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < MX_ROWS * NT; i += blockDim.x) {
+        const int r = i / NT, t = i % NT;
+        if (r >= rows || t >= nt) continue;
+        float sum = 0.0f;
+        for (int v = 0; v < GEMV_WARPS; v++) sum += red[v][r][t];
+        y[(int64_t)(t0 + t) * m + r0 + r] = sum;
     }
 }
 
 template <int NT>
 static void mxfp8_gemv_launch(struct cu_ctx *c, float *y, const float *x, const uint8_t *w, int n,
                               int m, int k) {
-    dim3 grid((unsigned)((m + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + NT - 1) / NT));
+    dim3 grid((unsigned)((m + MX_ROWS - 1) / MX_ROWS), (unsigned)((n + NT - 1) / NT));
     if (((uintptr_t)x & 15) == 0)
         mxfp8_gemv_kernel<NT, true><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, n, m, k);
     else
@@ -160,12 +220,21 @@ static void mxfp8_gemv(struct cu_ctx *c, float *y, const float *x, const uint8_t
     else mxfp8_gemv_launch<8>(c, y, x, w, n, m, k);
 }
 
-/* MXFP8 [count / k][k] (codes, then scales) -> its BF16 values, exact. */
-__global__ void mxfp8_to_bf16_kernel(__nv_bfloat16 *out, const uint8_t *w, int64_t count) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= count) return;
-    const float v = ldexpf(e4m3_to_f32(w[i]), (int)w[count + i / 32] - 127);
-    out[i] = __ushort_as_bfloat16(f32_to_bf16_bits(v));
+/* MXFP8 [count / k][k] (codes, then scales) -> its BF16 values, as tmx_mxfp8_to_bf16: a thread
+ * takes 16 codes (half a block). */
+__global__ void mxfp8_to_bf16_kernel(uint4 *out, const uint4 *w, int64_t count) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count / 16) return;
+    const uint4 c = w[i];
+    const uint32_t q[4] = {c.x, c.y, c.z, c.w};
+    const float f = ue8m0(((const uint8_t *)w)[count + i / 2]);
+    float v[16];
+    e4m3_to_f32x(q, v);
+    uint32_t o[8];
+    for (int j = 0; j < 8; j++)
+        o[j] = f32_to_bf16_bits(v[2 * j] * f) | (uint32_t)f32_to_bf16_bits(v[2 * j + 1] * f) << 16;
+    out[2 * i] = make_uint4(o[0], o[1], o[2], o[3]);
+    out[2 * i + 1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
 /* --- cuBLASLt ------------------------------------------------------------------------------ */
@@ -264,8 +333,8 @@ extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_
             char *s = (char *)cu_scratch(c, split + align256((size_t)count * 2), "matmul");
             if (!s) return;
             __nv_bfloat16 *wb = (__nv_bfloat16 *)(s + split);
-            mxfp8_to_bf16_kernel<<<blocks_for(count, 256), 256, 0, c->stream>>>(
-                wb, (const uint8_t *)w->data, count);
+            mxfp8_to_bf16_kernel<<<blocks_for(count / 16, 256), 256, 0, c->stream>>>(
+                (uint4 *)wb, (const uint4 *)w->data, count);
             if (!cu_check_launch(c, "matmul") || lt_matmul_bf16(c, s, y, x, wb, n, m, k)) return;
             gemv<TMX_DTYPE_BF16>(c, y, x, wb, n, m, k);
         }
