@@ -27,6 +27,16 @@ static void *own(struct tmx_model *m, size_t nbytes) {
     return a;
 }
 
+/* Frees an array own() gave out that no imported weight uses. */
+static void disown(struct tmx_model *m, void *a) {
+    for (int i = m->n_owned; i-- > 0;)
+        if (m->owned[i] == a) {
+            free(a);
+            m->owned[i] = m->owned[--m->n_owned];
+            return;
+        }
+}
+
 /* A rank's slice of a 2-D weight: rows [lo, lo + len) or columns [lo, lo + len); zero_row
  * appends a row of zeros (the embedding's, for ids of other ranks). */
 struct cut {
@@ -70,12 +80,14 @@ static enum tmx_status pack_mxfp8(struct tmx_model *m, const struct tmx_checkpoi
     return TMX_OK;
 }
 
-/* *t (MXFP8) -> its BF16 values, exact, in an array the model owns. */
+/* *t (MXFP8, packed by pack_mxfp8) -> its BF16 values, exact, in an array the model owns; the
+ * packed array is freed. */
 static enum tmx_status expand_mxfp8(struct tmx_model *m, const char *name, struct tmx_tensor *t,
                                     char **err) {
     uint16_t *dst = own(m, (size_t)tmx_tensor_numel(t) * 2);
     if (!dst) return tmx_err(err, TMX_ERR_NOMEM, "out of memory expanding %s", name);
     tmx_mxfp8_to_bf16(t, dst);
+    disown(m, t->data);
     *t = (struct tmx_tensor){TMX_DTYPE_BF16, 2, {t->shape[0], t->shape[1]}, dst};
     return TMX_OK;
 }
