@@ -101,7 +101,8 @@ __device__ __forceinline__ float ue8m0(uint32_t s) {
     return s ? __uint_as_float(s << 23) : 0x1p-127f;
 }
 
-/* Codes q[0..2n) (E4M3, in bytes of words) -> f32 values, in pairs through f16 (exact). */
+/* The 4 N E4M3 codes of words q (code 4 i + b in byte b of q[i]) -> f32 values v, in pairs
+ * through f16 (exact). */
 template <int N>
 __device__ __forceinline__ void e4m3_to_f32x(const uint32_t (&q)[N], float (&v)[4 * N]) {
 #pragma unroll
