@@ -45,9 +45,14 @@ struct cut {
     int zero_row;
 };
 
+/* Whether an MXFP8 tensor can be cut as c says: rows, or columns in whole blocks of 32. */
+static int mxfp8_cuts(const struct cut *c) {
+    return !c || (!c->zero_row && (!c->cols || (c->lo % 32 == 0 && c->len % 32 == 0)));
+}
+
 /* MXFP8 tensor `name` (E4M3 codes *t [rows][cols], `name`_scale U8 [rows][cols / 32]) ->
- * *t, one TMX_DTYPE_MXFP8 tensor (tmx/tensor.h) the model owns, cut to rows or whole blocks of
- * 32 columns (c NULL: all of it). */
+ * *t, one TMX_DTYPE_MXFP8 tensor (tmx/tensor.h) the model owns, cut as c says (NULL: all of
+ * it; mxfp8_cuts(c)). */
 static enum tmx_status pack_mxfp8(struct tmx_model *m, const struct tmx_checkpoint *ck,
                                   const char *name, const struct cut *c, struct tmx_tensor *t,
                                   char **err) {
@@ -63,11 +68,6 @@ static enum tmx_status pack_mxfp8(struct tmx_model *m, const struct tmx_checkpoi
     int64_t r0 = 0, nr = rows, c0 = 0, nc = cols;
     if (c && c->cols) c0 = c->lo, nc = c->len;
     else if (c) r0 = c->lo, nr = c->len;
-    if (c && (c->zero_row || c0 % 32 || nc % 32))
-        return tmx_err(err, TMX_ERR_UNSUPPORTED,
-                       "%s: MXFP8 tensor %s cannot be cut at columns [%lld, %lld): its scales "
-                       "cover blocks of 32", tmx_checkpoint_dir(ck), name, (long long)c0,
-                       (long long)(c0 + nc));
     uint8_t *dst = own(m, (size_t)(nr * nc) + (size_t)(nr * nc / 32));
     if (!dst) return tmx_err(err, TMX_ERR_NOMEM, "out of memory packing %s", name);
     const uint8_t *q = t->data, *s = sc.data;
@@ -125,7 +125,8 @@ static enum tmx_status cut_weight(struct tmx_model *m, const char *name, const s
 
 /* Binds `name` to *dev: looks it up, checks dtype and shape, cuts this rank's slice (cut NULL:
  * all of it), imports it. An MXFP8 tensor is offered to the set as such when it is a matmul
- * weight, else (or when the set declines it) as its BF16 values. Shape dims < 0 end the list. */
+ * weight whose slice keeps whole blocks of 32, else (or when the set declines it) as its BF16
+ * values. Shape dims < 0 end the list. */
 static enum tmx_status bind_cut(struct tmx_model *m, const struct tmx_checkpoint *ck,
                                 struct tmx_tensor *dev, unsigned flags, const struct cut *cut,
                                 char **err, const char *name, int64_t d0, int64_t d1) {
@@ -143,7 +144,7 @@ static enum tmx_status bind_cut(struct tmx_model *m, const struct tmx_checkpoint
                        tmx_checkpoint_dir(ck), name, (long long)host.shape[0],
                        host.ndim > 1 ? ", " : "", host.ndim > 1 ? (long long)host.shape[1] : 0LL,
                        (long long)d0, ndim > 1 ? ", " : "", ndim > 1 ? (long long)d1 : 0LL);
-    const int mm = (flags & BIND_MATMUL) != 0;
+    const int mm = (flags & BIND_MATMUL) && mxfp8_cuts(cut);
     if (host.dtype == TMX_DTYPE_F8_E4M3) {
         if ((st = pack_mxfp8(m, ck, name, mm ? cut : NULL, &host, err)) != TMX_OK) return st;
         if (mm)

@@ -118,6 +118,22 @@ def test_greedy_text_matches_tp1(models, name):
     assert texts[4] == texts[1]
 
 
+def test_mxfp8_cut_inside_a_block(tmp_path):
+    """A K3 build whose o_proj columns split over TP 4 (4 heads of 16: 16 columns a rank) cut
+    through its MXFP8 blocks of 32: the ranks take that weight's BF16 values instead, and the
+    text is TP 1's."""
+    src = make_variant(tmp_path / "src", "bf16", num_key_value_heads=4, head_dim=16,
+                       num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
+                       n_routed_experts=4, moe_intermediate_size=512)
+    d = str(tmp_path / "k3")
+    run(TMX, "quantize", "--model", src, "--out", d, "--codec", "trellis-e4m3", "--bits", "3",
+        "--threads", "2")
+    assert "o_proj.weight_scale" in pathlib.Path(d, "model.safetensors.index.json").read_text()
+    texts = {tp: generate(d, "--tp", str(tp), "--threads", "2") for tp in (1, 4)}
+    assert texts[1].strip(), "TP = 1 generated nothing"
+    assert texts[4] == texts[1]
+
+
 def prompt_ids(model):
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
