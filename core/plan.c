@@ -209,7 +209,8 @@ static struct where classify(const char *name, const struct tmx_tensor *t, int64
 }
 
 /* mx: 0 a plain tensor, 1 an MXFP8 value tensor (the codes, counted with their scales: they
- * are sharded alike), 2 its UE8M0 scales. The router's correction bias is read as F32
+ * are sharded alike; as BF16 where a rank's columns would split a block of 32, as
+ * core/model.c binds it), 2 its UE8M0 scales. The router's correction bias is read as F32
  * (core/model.c). */
 static void account_model(struct acc *a, const char *name, const struct tmx_tensor *t, int mx) {
     add_file(a, t);
@@ -219,7 +220,10 @@ static void account_model(struct acc *a, const char *name, const struct tmx_tens
         unused(a, t);
         return;
     }
-    uint64_t nb = tmx_tensor_nbytes(t) + (mx ? (uint64_t)tmx_tensor_numel(t) / 32 : 0);
+    const int64_t n = tmx_tensor_numel(t);
+    const int bf16 = mx && a->tp > 1 && ends_with(name, ".o_proj.weight") &&
+                     rank_extent(w.len, w.unit, a->tp) % 32;
+    uint64_t nb = bf16 ? (uint64_t)n * 2 : tmx_tensor_nbytes(t) + (mx ? (uint64_t)n / 32 : 0);
     if (ends_with(name, ".mlp.router.correction_bias")) nb = (uint64_t)tmx_tensor_numel(t) * 4;
     add(a, (enum tmx_plan_part)w.part, nb, w.len, w.unit);
 }

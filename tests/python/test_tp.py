@@ -132,6 +132,10 @@ def test_mxfp8_cut_inside_a_block(tmp_path):
     texts = {tp: generate(d, "--tp", str(tp), "--threads", "2") for tp in (1, 4)}
     assert texts[1].strip(), "TP = 1 generated nothing"
     assert texts[4] == texts[1]
+    # tmx plan counts a rank's q, k, v (16 of 64 rows of 128) as MXFP8 and its o_proj (16 of
+    # 64 columns of 128 rows) as BF16, two layers
+    p = json.loads(run(TMX, "plan", d, "--tp", "4", "--json").stdout)
+    assert p["rank_bytes"]["attention"] == 2 * (3 * 16 * 128 * 33 // 32 + 128 * 16 * 2)
 
 
 def prompt_ids(model):
