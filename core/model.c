@@ -144,7 +144,8 @@ static enum tmx_status bind_cut(struct tmx_model *m, const struct tmx_checkpoint
                        tmx_checkpoint_dir(ck), name, (long long)host.shape[0],
                        host.ndim > 1 ? ", " : "", host.ndim > 1 ? (long long)host.shape[1] : 0LL,
                        (long long)d0, ndim > 1 ? ", " : "", ndim > 1 ? (long long)d1 : 0LL);
-    const int mm = (flags & BIND_MATMUL) && mxfp8_cuts(cut);
+    /* sets built before ABI 2.2 do not know the dtype: they get BF16 without being asked */
+    const int mm = (flags & BIND_MATMUL) && mxfp8_cuts(cut) && m->k->plugin->abi_minor >= 2;
     if (host.dtype == TMX_DTYPE_F8_E4M3) {
         if ((st = pack_mxfp8(m, ck, name, mm ? cut : NULL, &host, err)) != TMX_OK) return st;
         if (mm)
