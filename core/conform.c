@@ -342,6 +342,36 @@ static uint16_t f16_from(double v) {
     return (uint16_t)(sign | exp << 10 | frac);
 }
 
+/* Imports host weight h into *dev as the core imports a weight: an MXFP8 one the set declines
+ * (TMX_ERR_UNSUPPORTED) as its BF16 values instead (docs/plugins.md). 0 on failure, recorded. */
+static int import(struct tmx_conform_case *c, struct tmx_tensor h, struct tmx_tensor *dev) {
+    char *msg = NULL;
+    enum tmx_status st = c->ops->weight_import(c->ctx, &h, dev, &msg);
+    if (st == TMX_ERR_UNSUPPORTED && h.dtype == TMX_DTYPE_MXFP8) {
+        uint16_t *bf16 = host_alloc(c, (size_t)tmx_tensor_numel(&h) * sizeof *bf16);
+        if (!bf16) return 0;
+        free(msg);
+        msg = NULL;
+        tmx_mxfp8_to_bf16(&h, bf16);
+        h = (struct tmx_tensor){TMX_DTYPE_BF16, 2, {h.shape[0], h.shape[1]}, bf16};
+        st = c->ops->weight_import(c->ctx, &h, dev, &msg);
+    }
+    if (st != TMX_OK) {
+        if (c->status == TMX_OK) {
+            c->status = st;
+            tmx_err(c->err, st, "conform: %s: weight_import: %s", c->s->name, msg ? msg : "");
+        }
+        free(msg);
+        return 0;
+    }
+    if (!push(&c->imported, &c->n_imported, &c->cap_imported, dev)) {
+        c->ops->weight_free(c->ctx, dev);
+        fail(c, TMX_ERR_NOMEM, "host allocation");
+        return 0;
+    }
+    return 1;
+}
+
 /* A weight of dtype dt holding `vals` (rows x cols; cols 0: a vector of rows), imported into
  * *dev. Rounds vals in place to what the dtype holds. */
 static void weight_from(struct tmx_conform_case *c, enum tmx_dtype dt, int64_t rows, int64_t cols,
@@ -364,20 +394,7 @@ static void weight_from(struct tmx_conform_case *c, enum tmx_dtype dt, int64_t r
             vals[i] = (float)vals[i];
         }
     }
-    char *msg = NULL;
-    enum tmx_status st = c->ops->weight_import(c->ctx, &h, dev, &msg);
-    if (st != TMX_OK) {
-        if (c->status == TMX_OK) {
-            c->status = st;
-            tmx_err(c->err, st, "conform: %s: weight_import: %s", c->s->name, msg ? msg : "");
-        }
-        free(msg);
-        return;
-    }
-    if (!push(&c->imported, &c->n_imported, &c->cap_imported, dev)) {
-        c->ops->weight_free(c->ctx, dev);
-        fail(c, TMX_ERR_NOMEM, "host allocation");
-    }
+    import(c, h, dev);
 }
 
 /* A random weight with values in [lo, hi]; returns the values the kernel set sees. */
@@ -392,16 +409,14 @@ static const double *weight(struct tmx_conform_case *c, enum tmx_dtype dt, int64
 }
 
 /* A random MXFP8 weight [rows][cols] (cols a multiple of 32): every E4M3 code but NaN, block
- * scales 2^-12 to 2^-4, imported as the core imports one (docs/plugins.md): as MXFP8, or as
- * its BF16 values where the set declines that. Returns the values the set sees. */
+ * scales 2^-12 to 2^-4, imported by import(). Returns the values the set sees. */
 static const double *weight_mxfp8(struct tmx_conform_case *c, int64_t rows, int64_t cols,
                                   struct tmx_tensor *dev) {
     const size_t count = (size_t)(rows * cols);
     double *v = host_alloc(c, count * sizeof *v);
     struct tmx_tensor h = {TMX_DTYPE_MXFP8, 2, {rows, cols}, NULL};
     h.data = host_alloc(c, tmx_tensor_nbytes(&h));
-    uint16_t *bf16 = host_alloc(c, count * sizeof *bf16);
-    if (!v || !h.data || !bf16) return NULL;
+    if (!v || !h.data) return NULL;
     uint8_t *q = h.data, *scale = q + count;
     for (size_t b = 0; b < count / 32; b++) scale[b] = (uint8_t)(127 + randint(c, -12, -4));
     for (size_t i = 0; i < count; i++) {
@@ -410,28 +425,7 @@ static const double *weight_mxfp8(struct tmx_conform_case *c, int64_t rows, int6
         } while ((q[i] & 0x7f) == 0x7f);
         v[i] = ldexp(tmx_e4m3_to_f32(q[i]), scale[i / 32] - 127);
     }
-    char *msg = NULL;
-    enum tmx_status st = c->ops->weight_import(c->ctx, &h, dev, &msg);
-    if (st == TMX_ERR_UNSUPPORTED) {
-        free(msg);
-        msg = NULL;
-        tmx_mxfp8_to_bf16(&h, bf16);
-        h = (struct tmx_tensor){TMX_DTYPE_BF16, 2, {rows, cols}, bf16};
-        st = c->ops->weight_import(c->ctx, &h, dev, &msg);
-    }
-    if (st != TMX_OK) {
-        if (c->status == TMX_OK) {
-            c->status = st;
-            tmx_err(c->err, st, "conform: %s: weight_import: %s", c->s->name, msg ? msg : "");
-        }
-        free(msg);
-        return NULL;
-    }
-    if (!push(&c->imported, &c->n_imported, &c->cap_imported, dev)) {
-        c->ops->weight_free(c->ctx, dev);
-        return fail(c, TMX_ERR_NOMEM, "host allocation");
-    }
-    return v;
+    return import(c, h, dev) ? v : NULL;
 }
 
 /* Declares buffer dev ([count] of dt) an output; returns its reference, to be filled. */
