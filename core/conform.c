@@ -5,217 +5,15 @@
  * Weights are drawn in their own dtype, so the reference sees exactly the values the kernel set
  * sees and the only differences left are the kernel set's rounding. KV caches likewise: the
  * caches attention reads hold what kv_store would have stored, and its reference dequantizes
- * those bytes; kv_store's own references are the stored bytes, which must match exactly. */
+ * those bytes; kv_store's own references are the stored bytes, which must match exactly. The
+ * cases themselves are the table in conform-cases.c. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "conform-impl.h"
 #include "tmx/conform.h"
-
-/* --- the case table --------------------------------------------------------------------------- */
-
-enum conform_op {
-    OP_EMBED, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_KV_STORE, OP_ATTENTION, OP_MOE_ROUTE,
-    OP_MOE_EXPERTS, OP_SWIGLU, OP_ADD_GATED, OP_GATHER, OP_MOE_EXPERTS_PARTIAL, OP_MOE_COMBINE,
-};
-
-/* Variant flags. */
-#define NO_WEIGHT 1u    /* rmsnorm, add_gated: no weight; moe_route: no bias; moe_experts,
-                           moe_combine: no post norm */
-#define IN_PLACE 2u     /* rmsnorm: out = x; swiglu: out = gate */
-#define SOFTMAX 4u      /* moe_route: softmax scores (default sigmoid) */
-#define NO_NORM_TOPK 8u /* moe_route: weights not divided by their sum */
-#define TIES 16u        /* moe_route: logits from five values, so that many scores tie;
-                           kv_store: values halfway between two codes */
-#define SMALL 32u       /* rmsnorm: inputs near zero, where eps matters */
-#define WIDE 64u        /* kv_store: inputs over many binades, down to F8 subnormals */
-
-struct spec {
-    const char *name;
-    enum conform_op op;
-    enum tmx_dtype dt;         /* weight dtype; kv_store, attention: the cache's */
-    unsigned flags;
-    int n;                     /* token rows */
-    int m, d;                  /* matmul: w [m][d]; embed: table [m][d]; gather: x [m][d];
-                                  others: rows of width d */
-    int heads, kv_heads, hd;   /* rope (heads), kv_store (kv_heads), attention */
-    int block, window;         /* cache block size, sliding window (0: full) */
-    int seqs, ctx;             /* sequences in the step, the longest one's length */
-    int n_exp, top_k, expert0; /* moe_route, moe_experts */
-    int latent, inter;         /* moe_experts */
-    float scale;               /* moe_route: routed_scaling_factor */
-};
-
-#define F32 TMX_DTYPE_F32
-#define BF16 TMX_DTYPE_BF16
-#define F16 TMX_DTYPE_F16
-#define F8 TMX_DTYPE_F8_E4M3
-#define I8 TMX_DTYPE_I8
-#define MX TMX_DTYPE_MXFP8
-
-static const struct spec specs[] = {
-    {"embed/f32/n3-v50-d40", OP_EMBED, F32, 0, .n = 3, .m = 50, .d = 40},
-    {"embed/bf16/n7-v100-d64", OP_EMBED, BF16, 0, .n = 7, .m = 100, .d = 64},
-    {"embed/f16/n1-v33-d19", OP_EMBED, F16, 0, .n = 1, .m = 33, .d = 19},
-
-    {"rmsnorm/f32/n4-d64", OP_RMSNORM, F32, 0, .n = 4, .d = 64},
-    {"rmsnorm/bf16/n3-d100", OP_RMSNORM, BF16, 0, .n = 3, .d = 100},
-    {"rmsnorm/f16/n2-d37", OP_RMSNORM, F16, 0, .n = 2, .d = 37},
-    {"rmsnorm/none/n5-d24", OP_RMSNORM, F32, NO_WEIGHT, .n = 5, .d = 24},
-    {"rmsnorm/inplace/n3-d128", OP_RMSNORM, F32, IN_PLACE, .n = 3, .d = 128},
-    {"rmsnorm/heads/n16-d32", OP_RMSNORM, BF16, IN_PLACE, .n = 16, .d = 32},
-    {"rmsnorm/small/n2-d48", OP_RMSNORM, F32, SMALL, .n = 2, .d = 48},
-
-    {"matmul/f32/n1-m64-k128", OP_MATMUL, F32, 0, .n = 1, .m = 64, .d = 128},
-    {"matmul/f32/n1-m37-k61", OP_MATMUL, F32, 0, .n = 1, .m = 37, .d = 61},
-    {"matmul/f32/n3-m100-k200", OP_MATMUL, F32, 0, .n = 3, .m = 100, .d = 200},
-    {"matmul/f32/n17-m67-k131", OP_MATMUL, F32, 0, .n = 17, .m = 67, .d = 131},
-    {"matmul/f32/n64-m96-k256", OP_MATMUL, F32, 0, .n = 64, .m = 96, .d = 256},
-    {"matmul/bf16/n1-m64-k128", OP_MATMUL, BF16, 0, .n = 1, .m = 64, .d = 128},
-    {"matmul/bf16/n1-m37-k61", OP_MATMUL, BF16, 0, .n = 1, .m = 37, .d = 61},
-    {"matmul/bf16/n3-m100-k200", OP_MATMUL, BF16, 0, .n = 3, .m = 100, .d = 200},
-    {"matmul/bf16/n17-m67-k131", OP_MATMUL, BF16, 0, .n = 17, .m = 67, .d = 131},
-    {"matmul/bf16/n64-m96-k256", OP_MATMUL, BF16, 0, .n = 64, .m = 96, .d = 256},
-    {"matmul/f16/n1-m64-k128", OP_MATMUL, F16, 0, .n = 1, .m = 64, .d = 128},
-    {"matmul/f16/n1-m37-k61", OP_MATMUL, F16, 0, .n = 1, .m = 37, .d = 61},
-    {"matmul/f16/n3-m100-k200", OP_MATMUL, F16, 0, .n = 3, .m = 100, .d = 200},
-    {"matmul/f16/n17-m67-k131", OP_MATMUL, F16, 0, .n = 17, .m = 67, .d = 131},
-    {"matmul/f16/n64-m96-k256", OP_MATMUL, F16, 0, .n = 64, .m = 96, .d = 256},
-    {"matmul/bf16/n70-m1000-k300", OP_MATMUL, BF16, 0, .n = 70, .m = 1000, .d = 300},
-    {"matmul/f32/n2-m1000-k300", OP_MATMUL, F32, 0, .n = 2, .m = 1000, .d = 300},
-    {"matmul/mxfp8/n1-m64-k128", OP_MATMUL, MX, 0, .n = 1, .m = 64, .d = 128},
-    {"matmul/mxfp8/n3-m100-k96", OP_MATMUL, MX, 0, .n = 3, .m = 100, .d = 96},
-    {"matmul/mxfp8/n8-m37-k160", OP_MATMUL, MX, 0, .n = 8, .m = 37, .d = 160},
-    {"matmul/mxfp8/n17-m67-k224", OP_MATMUL, MX, 0, .n = 17, .m = 67, .d = 224},
-    {"matmul/mxfp8/n70-m1000-k320", OP_MATMUL, MX, 0, .n = 70, .m = 1000, .d = 320},
-    /* a decode-sized projection, for the sets' times (tmx conform --repeat) */
-    {"matmul/bf16/n1-m2048-k4096", OP_MATMUL, BF16, 0, .n = 1, .m = 2048, .d = 4096},
-    {"matmul/mxfp8/n1-m2048-k4096", OP_MATMUL, MX, 0, .n = 1, .m = 2048, .d = 4096},
-
-    {"rope/n1-h4-hd64", OP_ROPE, F32, 0, .n = 1, .heads = 4, .hd = 64},
-    {"rope/n5-h3-hd32", OP_ROPE, F32, 0, .n = 5, .heads = 3, .hd = 32},
-    {"rope/n3-h2-hd6", OP_ROPE, F32, 0, .n = 3, .heads = 2, .hd = 6},
-
-    {"kv_store/f32/s1-n1-hkv8-hd128-b16-ctx37", OP_KV_STORE, F32, 0, .n = 1, .kv_heads = 8,
-     .hd = 128, .block = 16, .seqs = 1, .ctx = 37},
-    {"kv_store/f32/s3-n7-hkv2-hd16-b16-ctx40", OP_KV_STORE, F32, 0, .n = 7, .kv_heads = 2,
-     .hd = 16, .block = 16, .seqs = 3, .ctx = 40},
-    {"kv_store/bf16/s2-n5-hkv1-hd24-b5-ctx13", OP_KV_STORE, BF16, 0, .n = 5, .kv_heads = 1,
-     .hd = 24, .block = 5, .seqs = 2, .ctx = 13},
-    {"kv_store/f8/s3-n9-hkv2-hd32-b5-ctx21", OP_KV_STORE, F8, 0, .n = 9, .kv_heads = 2,
-     .hd = 32, .block = 5, .seqs = 3, .ctx = 21},
-    {"kv_store/f8-wide/s2-n6-hkv2-hd20-b16-ctx30", OP_KV_STORE, F8, WIDE, .n = 6,
-     .kv_heads = 2, .hd = 20, .block = 16, .seqs = 2, .ctx = 30},
-    {"kv_store/f8/s4-n64-hkv4-hd64-b16-ctx50", OP_KV_STORE, F8, 0, .n = 64, .kv_heads = 4,
-     .hd = 64, .block = 16, .seqs = 4, .ctx = 50},
-    {"kv_store/i8/s3-n8-hkv4-hd16-b1-ctx9", OP_KV_STORE, I8, 0, .n = 8, .kv_heads = 4,
-     .hd = 16, .block = 1, .seqs = 3, .ctx = 9},
-    {"kv_store/i8-wide/s2-n5-hkv1-hd40-b16-ctx19", OP_KV_STORE, I8, WIDE, .n = 5,
-     .kv_heads = 1, .hd = 40, .block = 16, .seqs = 2, .ctx = 19},
-    {"kv_store/bf16-ties/s1-n3-hkv1-hd16-b1-ctx3", OP_KV_STORE, BF16, TIES, .n = 3,
-     .kv_heads = 1, .hd = 16, .block = 1, .seqs = 1, .ctx = 3},
-    {"kv_store/f8-ties/s2-n4-hkv2-hd32-b16-ctx20", OP_KV_STORE, F8, TIES, .n = 4,
-     .kv_heads = 2, .hd = 32, .block = 16, .seqs = 2, .ctx = 20},
-    {"kv_store/i8-ties/s2-n4-hkv2-hd32-b5-ctx11", OP_KV_STORE, I8, TIES, .n = 4,
-     .kv_heads = 2, .hd = 32, .block = 5, .seqs = 2, .ctx = 11},
-
-    {"attention/f32-mha/s1-n1-hq8-hkv8-hd32-b16-ctx41", OP_ATTENTION, F32, 0, .n = 1,
-     .heads = 8, .kv_heads = 8, .hd = 32, .block = 16, .seqs = 1, .ctx = 41},
-    {"attention/f32-gqa4/s3-n3-hq8-hkv2-hd64-b16-ctx64", OP_ATTENTION, F32, 0, .n = 3,
-     .heads = 8, .kv_heads = 2, .hd = 64, .block = 16, .seqs = 3, .ctx = 64},
-    {"attention/f32-gqa2/s2-n9-hq4-hkv2-hd16-b5-ctx12", OP_ATTENTION, F32, 0, .n = 9,
-     .heads = 4, .kv_heads = 2, .hd = 16, .block = 5, .seqs = 2, .ctx = 12},
-    {"attention/f32-long/s2-n4-hq4-hkv4-hd8-b16-ctx300", OP_ATTENTION, F32, 0, .n = 4,
-     .heads = 4, .kv_heads = 4, .hd = 8, .block = 16, .seqs = 2, .ctx = 300},
-    {"attention/f32-sliding/s3-n7-hq6-hkv1-hd24-w8-b5-ctx40", OP_ATTENTION, F32, 0, .n = 7,
-     .heads = 6, .kv_heads = 1, .hd = 24, .block = 5, .window = 8, .seqs = 3, .ctx = 40},
-    {"attention/f32-sliding-short/s2-n5-hq2-hkv1-hd40-w3-b16-ctx50", OP_ATTENTION, F32, 0,
-     .n = 5, .heads = 2, .kv_heads = 1, .hd = 40, .block = 16, .window = 3, .seqs = 2,
-     .ctx = 50},
-    {"attention/f32-b1/s2-n4-hq4-hkv2-hd16-b1-ctx20", OP_ATTENTION, F32, 0, .n = 4, .heads = 4,
-     .kv_heads = 2, .hd = 16, .block = 1, .seqs = 2, .ctx = 20},
-    {"attention/bf16-gqa4/s3-n6-hq8-hkv2-hd64-b16-ctx90", OP_ATTENTION, BF16, 0, .n = 6,
-     .heads = 8, .kv_heads = 2, .hd = 64, .block = 16, .seqs = 3, .ctx = 90},
-    {"attention/bf16-sliding/s2-n5-hq4-hkv2-hd32-w10-b5-ctx47", OP_ATTENTION, BF16, 0, .n = 5,
-     .heads = 4, .kv_heads = 2, .hd = 32, .block = 5, .window = 10, .seqs = 2, .ctx = 47},
-    {"attention/f8-gqa4/s3-n6-hq8-hkv2-hd64-b16-ctx90", OP_ATTENTION, F8, 0, .n = 6,
-     .heads = 8, .kv_heads = 2, .hd = 64, .block = 16, .seqs = 3, .ctx = 90},
-    {"attention/f8-sliding-short/s2-n5-hq6-hkv3-hd24-w6-b16-ctx60", OP_ATTENTION, F8, 0,
-     .n = 5, .heads = 6, .kv_heads = 3, .hd = 24, .block = 16, .window = 6, .seqs = 2,
-     .ctx = 60},
-    {"attention/f8-b1/s2-n3-hq4-hkv1-hd12-b1-ctx17", OP_ATTENTION, F8, 0, .n = 3, .heads = 4,
-     .kv_heads = 1, .hd = 12, .block = 1, .seqs = 2, .ctx = 17},
-    {"attention/f8-long/s1-n2-hq2-hkv1-hd32-b16-ctx280", OP_ATTENTION, F8, 0, .n = 2,
-     .heads = 2, .kv_heads = 1, .hd = 32, .block = 16, .seqs = 1, .ctx = 280},
-    {"attention/i8-gqa2/s3-n6-hq4-hkv2-hd64-b16-ctx90", OP_ATTENTION, I8, 0, .n = 6,
-     .heads = 4, .kv_heads = 2, .hd = 64, .block = 16, .seqs = 3, .ctx = 90},
-    {"attention/i8-sliding/s2-n5-hq4-hkv2-hd20-w9-b5-ctx47", OP_ATTENTION, I8, 0, .n = 5,
-     .heads = 4, .kv_heads = 2, .hd = 20, .block = 5, .window = 9, .seqs = 2, .ctx = 47},
-    {"attention/i8-long/s1-n2-hq2-hkv1-hd32-b16-ctx280", OP_ATTENTION, I8, 0, .n = 2,
-     .heads = 2, .kv_heads = 1, .hd = 32, .block = 16, .seqs = 1, .ctx = 280},
-
-    {"moe_route/sigmoid-bias/n4-e32-k4", OP_MOE_ROUTE, F32, 0, .n = 4, .n_exp = 32, .top_k = 4,
-     .scale = 2.5f},
-    {"moe_route/sigmoid-nonorm/n3-e16-k2", OP_MOE_ROUTE, F32, NO_WEIGHT | NO_NORM_TOPK, .n = 3,
-     .n_exp = 16, .top_k = 2, .scale = 1.0f},
-    {"moe_route/softmax-bias/n5-e64-k8", OP_MOE_ROUTE, F32, SOFTMAX, .n = 5, .n_exp = 64,
-     .top_k = 8, .scale = 1.0f},
-    {"moe_route/softmax-nonorm/n2-e8-k3", OP_MOE_ROUTE, F32, SOFTMAX | NO_WEIGHT | NO_NORM_TOPK,
-     .n = 2, .n_exp = 8, .top_k = 3, .scale = 1.5f},
-    {"moe_route/ties/n6-e16-k4", OP_MOE_ROUTE, F32, TIES | NO_WEIGHT, .n = 6, .n_exp = 16,
-     .top_k = 4, .scale = 1.0f},
-
-    {"moe_experts/f32/n1-e8-k4-l32-i48", OP_MOE_EXPERTS, F32, 0, .n = 1, .n_exp = 8, .top_k = 4,
-     .latent = 32, .inter = 48},
-    {"moe_experts/bf16-rank/n5-e6-k3-l40-i24", OP_MOE_EXPERTS, BF16, 0, .n = 5, .n_exp = 6,
-     .top_k = 3, .expert0 = 2, .latent = 40, .inter = 24},
-    {"moe_experts/f16/n9-e4-k2-l16-i64", OP_MOE_EXPERTS, F16, 0, .n = 9, .n_exp = 4, .top_k = 2,
-     .latent = 16, .inter = 64},
-    {"moe_experts/bf16-nopost/n3-e5-k2-l24-i16", OP_MOE_EXPERTS, BF16, NO_WEIGHT, .n = 3,
-     .n_exp = 5, .top_k = 2, .latent = 24, .inter = 16},
-    {"moe_experts/f32/n20-e8-k4-l64-i32", OP_MOE_EXPERTS, F32, 0, .n = 20, .n_exp = 8,
-     .top_k = 4, .latent = 64, .inter = 32},
-    {"moe_experts/bf16/n48-e16-k4-l64-i96", OP_MOE_EXPERTS, BF16, 0, .n = 48, .n_exp = 16,
-     .top_k = 4, .latent = 64, .inter = 96},
-
-    {"swiglu/n1-d1000", OP_SWIGLU, F32, 0, .n = 1, .d = 1000},
-    {"swiglu/inplace/n3-d37", OP_SWIGLU, F32, IN_PLACE, .n = 3, .d = 37},
-
-    {"add_gated/f32/n3-d64", OP_ADD_GATED, F32, 0, .n = 3, .d = 64},
-    {"add_gated/bf16/n2-d33", OP_ADD_GATED, BF16, 0, .n = 2, .d = 33},
-    {"add_gated/f16/n1-d8", OP_ADD_GATED, F16, 0, .n = 1, .d = 8},
-    {"add_gated/none/n4-d17", OP_ADD_GATED, F32, NO_WEIGHT, .n = 4, .d = 17},
-
-    {"moe_experts_partial/f32/n1-e8-k4-l32-i48", OP_MOE_EXPERTS_PARTIAL, F32, 0, .n = 1,
-     .n_exp = 8, .top_k = 4, .latent = 32, .inter = 48},
-    {"moe_experts_partial/bf16-rank/n7-e6-k3-l40-i16", OP_MOE_EXPERTS_PARTIAL, BF16, 0, .n = 7,
-     .n_exp = 6, .top_k = 3, .expert0 = 2, .latent = 40, .inter = 16},
-    {"moe_experts_partial/f16/n9-e4-k2-l16-i64", OP_MOE_EXPERTS_PARTIAL, F16, 0, .n = 9,
-     .n_exp = 4, .top_k = 2, .latent = 16, .inter = 64},
-    {"moe_experts_partial/bf16/n48-e16-k4-l64-i32", OP_MOE_EXPERTS_PARTIAL, BF16, 0, .n = 48,
-     .n_exp = 16, .top_k = 4, .latent = 64, .inter = 32},
-
-    {"moe_combine/f32/n1-k4-l32", OP_MOE_COMBINE, F32, 0, .n = 1, .top_k = 4, .latent = 32},
-    {"moe_combine/bf16/n13-k2-l100", OP_MOE_COMBINE, BF16, 0, .n = 13, .top_k = 2,
-     .latent = 100},
-    {"moe_combine/f16/n5-k8-l64", OP_MOE_COMBINE, F16, 0, .n = 5, .top_k = 8, .latent = 64},
-    {"moe_combine/nopost/n6-k3-l24", OP_MOE_COMBINE, F32, NO_WEIGHT, .n = 6, .top_k = 3,
-     .latent = 24},
-
-    {"gather/n1-m7-d64", OP_GATHER, F32, 0, .n = 1, .m = 7, .d = 64},
-    {"gather/n12-m5-d33", OP_GATHER, F32, 0, .n = 12, .m = 5, .d = 33},
-    {"gather/n300-m400-d256", OP_GATHER, F32, 0, .n = 300, .m = 400, .d = 256},
-};
-
-#undef F32
-#undef BF16
-#undef F16
-#undef F8
-#undef I8
-#undef MX
-
-#define N_SPECS (sizeof specs / sizeof specs[0])
 
 /* rmsnorm and moe_experts epsilon */
 #define EPS 1e-5f
@@ -1101,11 +899,15 @@ static int has_op(const struct tmx_kernels_i *ops, enum conform_op op) {
 
 /* --- the public functions --------------------------------------------------------------------- */
 
-size_t tmx_conform_count(void) { return N_SPECS; }
+size_t tmx_conform_count(void) { return tmx_conform_n_specs; }
 
-const char *tmx_conform_name(size_t i) { return i < N_SPECS ? specs[i].name : NULL; }
+const char *tmx_conform_name(size_t i) {
+    return i < tmx_conform_n_specs ? tmx_conform_specs[i].name : NULL;
+}
 
-const char *tmx_conform_op(size_t i) { return i < N_SPECS ? op_defs[specs[i].op].name : NULL; }
+const char *tmx_conform_op(size_t i) {
+    return i < tmx_conform_n_specs ? op_defs[tmx_conform_specs[i].op].name : NULL;
+}
 
 void tmx_conform_case_free(struct tmx_conform_case *c) {
     if (!c) return;
@@ -1122,10 +924,10 @@ void tmx_conform_case_free(struct tmx_conform_case *c) {
 enum tmx_status tmx_conform_case_new(size_t i, const struct tmx_kernels_i *ops, void *ctx,
                                      struct tmx_conform_case **out, char **err) {
     *out = NULL;
-    if (i >= N_SPECS) return tmx_err(err, TMX_ERR_INVALID, "conform: no case %zu", i);
+    if (i >= tmx_conform_n_specs) return tmx_err(err, TMX_ERR_INVALID, "conform: no case %zu", i);
     struct tmx_conform_case *c = calloc(1, sizeof *c);
     if (!c) return tmx_err(err, TMX_ERR_NOMEM, "conform: out of memory");
-    c->s = &specs[i];
+    c->s = &tmx_conform_specs[i];
     c->ops = ops;
     c->ctx = ctx;
     c->err = err;
@@ -1205,8 +1007,8 @@ enum tmx_status tmx_conform_run(const struct tmx_kernels_i *ops, void *ctx, cons
                                 struct tmx_conform_result *results, int max_results,
                                 int *n_results, char **err) {
     *n_results = 0;
-    for (size_t i = 0; i < N_SPECS; i++) {
-        if (filter && !strstr(specs[i].name, filter)) continue;
+    for (size_t i = 0; i < tmx_conform_n_specs; i++) {
+        if (filter && !strstr(tmx_conform_specs[i].name, filter)) continue;
         struct tmx_conform_case *c;
         struct tmx_conform_result r;
         enum tmx_status st = tmx_conform_case_new(i, ops, ctx, &c, err);
