@@ -161,6 +161,13 @@ const struct spec tmx_conform_specs[] = {
     {"gather/n1-m7-d64", OP_GATHER, F32, 0, .n = 1, .m = 7, .d = 64},
     {"gather/n12-m5-d33", OP_GATHER, F32, 0, .n = 12, .m = 5, .d = 33},
     {"gather/n300-m400-d256", OP_GATHER, F32, 0, .n = 300, .m = 400, .d = 256},
+
+    {"argmax/n3-d1", OP_ARGMAX, F32, 0, .n = 3, .d = 1},
+    {"argmax/n1-d200019", OP_ARGMAX, F32, 0, .n = 1, .d = 200019},
+    {"argmax/n4-d151936-ld151940", OP_ARGMAX, F32, 0, .n = 4, .m = 151940, .d = 151936},
+    {"argmax/n64-d32000", OP_ARGMAX, F32, 0, .n = 64, .d = 32000},
+    {"argmax/ties/n7-d40999", OP_ARGMAX, F32, TIES, .n = 7, .d = 40999},
+    {"argmax/special/n8-d9000", OP_ARGMAX, F32, SPECIAL, .n = 8, .d = 9000},
 };
 
 const size_t tmx_conform_n_specs = sizeof tmx_conform_specs / sizeof tmx_conform_specs[0];

@@ -850,6 +850,48 @@ static void gather_run(struct tmx_conform_case *c) {
     c->ops->gather(c->ctx, c->arg[2], c->arg[0], c->arg[1], c->s->n, c->s->d);
 }
 
+/* --- argmax ----------------------------------------------------------------------------------- */
+
+/* Uniform rows; TIES: five values, so that the largest repeats across the row; SPECIAL: NaN and
+ * infinities sprinkled in, row 0 NaN only, row 1 -inf only, row 2 +inf twice. */
+static enum tmx_status argmax_new(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    const int ld = s->m ? s->m : s->d;
+    const size_t count = (size_t)s->n * ld;
+    float *x = host_alloc(c, count * sizeof *x);
+    if (!x) return c->status;
+    for (size_t i = 0; i < count; i++) {
+        const size_t r = i / ld;
+        float v = s->flags & TIES ? (float)randint(c, 0, 4) : (float)uniform(c, -8, 8);
+        if (s->flags & SPECIAL) {
+            const int u = randint(c, 0, 99);
+            v = r == 0 ? NAN : r == 1 ? -INFINITY : u < 10 ? NAN : u < 13 ? -INFINITY : v;
+            if (r == 2 && (i % ld == 77 || i % ld == 5000)) v = INFINITY;
+        }
+        x[i] = v;
+    }
+    c->arg[0] = upload(c, x, count * sizeof *x);
+    c->arg[1] = buffer(c, (size_t)s->n * sizeof(int32_t));
+    c->arg[2] = buffer(c, (size_t)s->n * sizeof(float));
+    double *ids = output(c, c->arg[1], (size_t)s->n, TMX_DTYPE_I32);
+    double *best = output(c, c->arg[2], (size_t)s->n, TMX_DTYPE_F32);
+    if (!ids || !best || !c->arg[0]) return c->status;
+    for (int r = 0; r < s->n; r++) {
+        const float *xr = x + (size_t)r * ld;
+        int at = -1;
+        for (int i = 0; i < s->d; i++)
+            if (!isnan(xr[i]) && (at < 0 || xr[i] > xr[at])) at = i;
+        ids[r] = at < 0 ? 0 : at;
+        best[r] = xr[at < 0 ? 0 : at];
+    }
+    return TMX_OK;
+}
+
+static void argmax_run(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    c->ops->argmax(c->ctx, c->arg[1], c->arg[2], c->arg[0], s->n, s->d, s->m ? s->m : s->d);
+}
+
 /* --- the ops ---------------------------------------------------------------------------------- */
 
 /* Tolerances on the normalized max error. Copies are exact; the rest allow F32 rounding with
@@ -886,6 +928,7 @@ static const struct {
                                 moe_experts_new, moe_experts_partial_run},
     [OP_MOE_COMBINE] = {"moe_combine", offsetof(struct tmx_kernels_i, moe_combine), 1e-5,
                         moe_combine_new, moe_combine_run},
+    [OP_ARGMAX] = {"argmax", offsetof(struct tmx_kernels_i, argmax), 0, argmax_new, argmax_run},
 };
 
 /* Whether the set's table is large enough to hold the op and the op is non-NULL. */
@@ -948,14 +991,19 @@ void tmx_conform_case_run(struct tmx_conform_case *c) {
     if (has_op(c->ops, c->s->op)) op_defs[c->s->op].run(c);
 }
 
-/* max|got - ref| / max|ref|, or INFINITY on a NaN or an I32 mismatch. got is aligned for
- * its dtype (outputs are read back at offsets that are multiples of 4). */
+/* max|got - ref| / max|ref| over finite refs, or INFINITY on an unexpected NaN or infinity or
+ * an I32 mismatch. got is aligned for its dtype (outputs are read back at offsets that are
+ * multiples of 4). */
 static double compare(const struct output *o, const unsigned char *got) {
     double diff = 0, mag = 0;
     for (size_t i = 0; i < o->count; i++) {
         double g = cache_elem(o->dt, got, i);
         if (o->dt == TMX_DTYPE_I32) {
             if (g != o->ref[i]) return INFINITY;
+            continue;
+        }
+        if (!isfinite(o->ref[i])) { /* argmax's best of a row of NaN or infinities */
+            if (!(g == o->ref[i] || (isnan(g) && isnan(o->ref[i])))) return INFINITY;
             continue;
         }
         double d = fabs(g - o->ref[i]);

@@ -35,6 +35,7 @@ struct group {
 enum { CMD_STEP = 1, CMD_QUIT = 2 };
 struct step_head {
     int32_t cmd, n, n_seqs, n_rows; /* tokens, sequences, rows whose logits are read */
+    int32_t greedy;                 /* > 0: the rows' argmax over ids [0, greedy) instead */
 };
 
 /* A step's host arrays, views of kv->msg packed in this order so that one broadcast carries
@@ -63,11 +64,16 @@ struct kv_state {
     float *part;                 /* TP: [B][top_k * moe_latent + hidden] each pair's partial
                                     y_e, then the shared expert's partial output */
     float *logits_all;           /* TP: [ranks][max_seqs][vocab_stride] gathered logits */
+    int32_t *pick;               /* [2][max_seqs] a greedy step's ids, then their logits */
     int32_t *msg;                /* host: the step's arrays (struct step_arrays) */
     int32_t *tok_host;           /* host TP: [B] token ids as rows of this rank's embedding */
     float *gathered;             /* host TP, rank 0: logits_all read back */
     int32_t *status;             /* host TP: [ranks] each rank's status after a step */
-    void **graphs;               /* [max_seqs + 1] decode step of n sequences, recorded once */
+    float *host_logits;          /* host [max_seqs][vocab_size]: greedy steps on a set without
+                                    argmax, made by the first one */
+    void **graphs;               /* [2][max_seqs + 1] decode step of n sequences, recorded once:
+                                    reading logits, then greedy */
+    int graph_vocab;             /* the greedy graphs' n_vocab */
 };
 
 struct tmx_seq {
@@ -164,7 +170,7 @@ static enum tmx_status step_buffers_init(struct tmx_model *m, struct kv_state *k
         {&kv->kk, B * kvd * F}, {&kv->vv, B * kvd * F}, {&kv->f1, B * ffn * F},
         {&kv->f2, B * ffn * F}, {&kv->rl, B * E * F},   {&kv->rw, B * K * F},
         {&kv->rid, B * K * 4}, {&kv->z, B * lat * F},   {&kv->y, B * lat * F},
-        {&kv->hn, S * D * F},  {&kv->logits, S * V * F},
+        {&kv->hn, S * D * F},  {&kv->logits, S * V * F}, {&kv->pick, 2 * S * 4},
         {&kv->g[FULL].slot, B * 4}, {&kv->g[FULL].tables, T},
         {&kv->g[SLIDING].slot, B * 4}, {&kv->g[SLIDING].tables, T},
     };
@@ -236,7 +242,7 @@ enum tmx_status tmx_model_kv_init(struct tmx_model *m, const struct tmx_kv_optio
     if (st == TMX_OK) st = cache_init(m, kv, err);
     if (st == TMX_OK) st = step_buffers_init(m, kv, err);
     if (st == TMX_OK && o.graphs && graphs_usable(m)) {
-        kv->graphs = calloc((size_t)o.max_seqs + 1, sizeof *kv->graphs);
+        kv->graphs = calloc(2 * ((size_t)o.max_seqs + 1), sizeof *kv->graphs);
         if (!kv->graphs) st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
     if (st != TMX_OK) tmx_model_kv_free(m);
@@ -252,19 +258,20 @@ void tmx_model_kv_free(struct tmx_model *m) {
         dev_free(m, kv->cache[l].k_scale);
         dev_free(m, kv->cache[l].v_scale);
     }
-    for (int i = 0; kv->graphs && i <= kv->opt.max_seqs; i++)
+    for (int i = 0; kv->graphs && i < 2 * (kv->opt.max_seqs + 1); i++)
         if (kv->graphs[i]) m->k->ops->graph_free(m->k->ctx, kv->graphs[i]);
     free(kv->graphs);
     void *bufs[] = {kv->tok, kv->pos, kv->seq, kv->rows, kv->h, kv->x, kv->o, kv->q, kv->att,
                     kv->kk, kv->vv, kv->f1, kv->f2, kv->rl, kv->rw, kv->rid, kv->z, kv->y,
                     kv->hn, kv->logits, kv->g[0].slot, kv->g[0].tables, kv->g[1].slot,
-                    kv->g[1].tables, kv->part, kv->logits_all};
+                    kv->g[1].tables, kv->part, kv->logits_all, kv->pick};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(m, bufs[i]);
     for (int g = 0; g < N_GROUPS; g++) tmx_kv_pool_free(kv->g[g].pool);
     free(kv->msg);
     free(kv->tok_host);
     free(kv->gathered);
     free(kv->status);
+    free(kv->host_logits);
     free(kv->cache);
     free(kv);
     m->kv = NULL;
@@ -637,27 +644,113 @@ static enum tmx_status read_logits(struct tmx_model *m, int r, float *logits, ch
     return TMX_OK;
 }
 
-/* The whole step on n tokens with logits of n_rows rows (rows), eagerly or, for a decode step
- * of n sequences, through the graph recorded for n. */
-static enum tmx_status run_step(struct tmx_model *m, int n, int n_rows, int decode,
-                                const int32_t *rows, float *logits, char **err) {
+/* The argmax over ids [0, d) of a row of logits, as a kernel set's argmax: the lowest id of
+ * the largest value, NaN never the largest (a row of NaN only: 0). */
+static int32_t host_argmax(const float *x, int d) {
+    int32_t at = -1;
+    for (int32_t i = 0; i < d; i++)
+        if (!isnan(x[i]) && (at < 0 || x[i] > x[at])) at = i;
+    return at < 0 ? 0 : at;
+}
+
+/* kv->logits of r rows -> next[r], each row's argmax over ids [0, n_vocab) (next NULL: a
+ * follower, which only sends). The kernel set's argmax runs where the logits are: with several
+ * ranks each finds the best of its vocabulary slice and rank 0 the best of theirs (the lower
+ * rank, so the lower id, on a tie), and only ids and values travel. A set without argmax reads
+ * the logits back. */
+static enum tmx_status pick_rows(struct tmx_model *m, int r, int n_vocab, int32_t *next,
+                                 char **err) {
+    const struct tmx_kernels_i *op = m->k->ops;
+    const struct tp_shard *tp = &m->tp;
+    struct kv_state *kv = m->kv;
+    void *kc = m->k->ctx;
+    const int S = kv->opt.max_seqs, V = m->cfg.vocab_size;
+    if (!TMX_OPS_HAS(op, argmax)) {
+        if (next && !kv->host_logits &&
+            !(kv->host_logits = malloc((size_t)S * V * sizeof *kv->host_logits)))
+            return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+        enum tmx_status st = read_logits(m, r, next ? kv->host_logits : NULL, err);
+        for (int i = 0; st == TMX_OK && next && i < r; i++)
+            next[i] = host_argmax(kv->host_logits + (size_t)i * V, n_vocab);
+        return st;
+    }
+    int32_t *ids = kv->pick; /* then the values: [2][S] */
+    const int d = n_vocab - tp->vocab0 < tp->vocab_n ? n_vocab - tp->vocab0 : tp->vocab_n;
+    enum tmx_status st = TMX_OK;
+    if (d > 0) {
+        op->argmax(kc, ids, (float *)(kv->pick + S), kv->logits, r, d, tp->vocab_n);
+    } else { /* a rank whose ids all lie past n_vocab offers none */
+        for (int i = 0; i < r; i++) kv->tok_host[i] = -1;
+        st = op->buf_write(kc, ids, kv->tok_host, (size_t)r * sizeof *ids);
+    }
+    if (st != TMX_OK) return st;
+    if (tp->n == 1) return op->buf_read(kc, next, ids, (size_t)r * sizeof *next);
+    const size_t part = 2 * (size_t)S * sizeof *ids;
+    if ((st = tmx_comm_allgather(tp->data, kv->pick, kv->logits_all, part, err)) != TMX_OK ||
+        !next)
+        return st;
+    int32_t *all = (int32_t *)kv->gathered; /* [ranks][2][S] */
+    if ((st = op->buf_read(kc, all, kv->logits_all, part * tp->n)) != TMX_OK) return st;
+    for (int i = 0; i < r; i++) {
+        int q_best = -1;
+        float v_best = 0;
+        for (int q = 0; q < tp->n; q++) {
+            const int32_t *of_q = all + (size_t)q * 2 * S;
+            float v;
+            memcpy(&v, of_q + S + i, sizeof v);
+            if (of_q[i] >= 0 && !isnan(v) && (q_best < 0 || v > v_best)) q_best = q, v_best = v;
+        }
+        next[i] = q_best < 0 ? 0 : q_best * tp->vocab_stride + all[(size_t)q_best * 2 * S + i];
+    }
+    return TMX_OK;
+}
+
+/* What a step hands back: logits[n_rows][vocab_size], or with h->greedy the rows' argmax
+ * next[n_rows]. Both NULL on a follower. */
+struct step_out {
+    float *logits;
+    int32_t *next;
+};
+
+/* Reads the r rows of kv->logits out as `out` asks, the first `done` rows being written. */
+static enum tmx_status read_rows(struct tmx_model *m, const struct step_head *h, int r, int done,
+                                 const struct step_out *out, char **err) {
+    const size_t V = (size_t)m->cfg.vocab_size;
+    if (h->greedy) return pick_rows(m, r, h->greedy, out->next ? out->next + done : NULL, err);
+    return read_logits(m, r, out->logits ? out->logits + (size_t)done * V : NULL, err);
+}
+
+/* The whole step on h->n tokens with the output of h->n_rows rows (rows), eagerly or, for a
+ * decode step of n sequences, through the graph recorded for n (and for greedy, h->greedy). */
+static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, int decode,
+                                const int32_t *rows, const struct step_out *out, char **err) {
     const struct tmx_kernels_i *op = m->k->ops;
     struct kv_state *kv = m->kv;
     void *kc = m->k->ctx;
-    const size_t V = (size_t)m->cfg.vocab_size;
+    const int n = h->n, n_rows = h->n_rows, argmax = h->greedy && TMX_OPS_HAS(op, argmax);
     enum tmx_status st, failed;
     if (decode && kv->graphs) { /* one rank: nothing fails and runs on */
+        void **graph = &kv->graphs[n + (argmax ? kv->opt.max_seqs + 1 : 0)];
+        if (argmax && *graph && kv->graph_vocab != h->greedy) { /* another tokenizer's width */
+            op->graph_free(kc, *graph);
+            *graph = NULL;
+        }
         if ((st = op->buf_write(kc, kv->rows, rows, (size_t)n * 4)) != TMX_OK) return st;
-        if (!kv->graphs[n]) {
+        if (!*graph) {
             if ((st = op->graph_begin(kc)) != TMX_OK) return st;
             st = forward_step(m, n, &failed, err);
             if (st == TMX_OK) logits_rows(m, n);
-            enum tmx_status end = op->graph_end(kc, &kv->graphs[n]);
+            if (st == TMX_OK && argmax)
+                op->argmax(kc, kv->pick, (float *)(kv->pick + kv->opt.max_seqs), kv->logits, n,
+                           h->greedy, m->tp.vocab_n);
+            enum tmx_status end = op->graph_end(kc, graph);
             if (st != TMX_OK) return st;
             if (end != TMX_OK) return end;
+            if (argmax) kv->graph_vocab = h->greedy;
         }
-        if ((st = op->graph_launch(kc, kv->graphs[n])) != TMX_OK) return st;
-        return op->buf_read(kc, logits, kv->logits, (size_t)n * V * sizeof *logits);
+        if ((st = op->graph_launch(kc, *graph)) != TMX_OK) return st;
+        if (argmax) return op->buf_read(kc, out->next, kv->pick, (size_t)n * sizeof *out->next);
+        return read_rows(m, h, n, 0, out, err);
     }
     /* a failure of this rank's own work comes back after the step's collectives (TP) */
     if ((st = forward_step(m, n, &failed, err)) != TMX_OK) return st;
@@ -665,16 +758,15 @@ static enum tmx_status run_step(struct tmx_model *m, int n, int n_rows, int deco
         const int r = n_rows - done < kv->opt.max_seqs ? n_rows - done : kv->opt.max_seqs;
         if ((st = op->buf_write(kc, kv->rows, rows + done, (size_t)r * 4)) != TMX_OK) return st;
         logits_rows(m, r);
-        st = read_logits(m, r, logits ? logits + (size_t)done * V : NULL, failed ? NULL : err);
-        if (st != TMX_OK) return st;
+        if ((st = read_rows(m, h, r, done, out, failed ? NULL : err)) != TMX_OK) return st;
     }
     return failed;
 }
 
-/* The step described by h and kv->msg, on every rank: uploads, runs, syncs (logits NULL on a
- * follower). Every failure comes with a message. */
-static enum tmx_status run_shared(struct tmx_model *m, const struct step_head *h, float *logits,
-                                  char **err) {
+/* The step described by h and kv->msg, on every rank: uploads, runs, syncs (out's arrays NULL
+ * on a follower). Every failure comes with a message. */
+static enum tmx_status run_shared(struct tmx_model *m, const struct step_head *h,
+                                  const struct step_out *out, char **err) {
     const struct tmx_kernels_i *op = m->k->ops;
     const struct tp_shard *tp = &m->tp;
     struct kv_state *kv = m->kv;
@@ -702,7 +794,7 @@ static enum tmx_status run_shared(struct tmx_model *m, const struct step_head *h
     if (st != TMX_OK) return tmx_err(err, st, "kernel set: cannot upload the step's tokens");
     const int decode = N == h->n_seqs && h->n_rows == h->n_seqs && !m->capture;
     char *ferr = NULL; /* set only by a failure that has its own message */
-    st = run_step(m, N, h->n_rows, decode, a.rows, logits, &ferr);
+    st = run_step(m, h, decode, a.rows, out, &ferr);
     if (ferr) {
         if (err) *err = ferr;
         else free(ferr);
@@ -748,10 +840,11 @@ static enum tmx_status share(struct tmx_model *m, struct step_head *h, char **er
     return st;
 }
 
-/* tmx_model_step, with the logits of every token instead when all_rows. */
+/* tmx_model_step, with the logits of every token instead when all_rows, or each sequence's
+ * argmax over ids [0, greedy) into next when greedy > 0. */
 static enum tmx_status step(struct tmx_model *m, struct tmx_seq *const *seqs,
                             const int32_t *const *tokens, const int *n, int n_seqs, int all_rows,
-                            float *logits, char **err) {
+                            int greedy, const struct step_out *out, char **err) {
     const struct tmx_model_config *c = &m->cfg;
     struct kv_state *kv = m->kv;
     const int bs = kv->opt.block_size, mb = kv->max_blocks;
@@ -769,7 +862,7 @@ static enum tmx_status step(struct tmx_model *m, struct tmx_seq *const *seqs,
                            "new > context %d", s->n_past, n[i], s->n_ctx);
         N += n[i];
     }
-    struct step_head h = {CMD_STEP, N, n_seqs, all_rows ? N : n_seqs};
+    struct step_head h = {CMD_STEP, N, n_seqs, all_rows ? N : n_seqs, greedy};
     struct step_arrays a;
     step_arrays(kv, &h, &a);
     for (int i = 0, at = 0; i < n_seqs; at += n[i++]) {
@@ -801,7 +894,7 @@ static enum tmx_status step(struct tmx_model *m, struct tmx_seq *const *seqs,
     char *ferr = NULL;
     enum tmx_status st = share(m, &h, &ferr);
     if (st == TMX_OK) {
-        st = run_shared(m, &h, logits, &ferr);
+        st = run_shared(m, &h, out, &ferr);
         st = agree(m, st, ferr ? NULL : &ferr);
     }
     if (st != TMX_OK) {
@@ -825,7 +918,21 @@ enum tmx_status tmx_model_step(struct tmx_model *m, struct tmx_seq *const *seqs,
     if (m->tp.rank != 0)
         return tmx_err(err, TMX_ERR_INVALID, "step: rank %d follows rank 0's steps "
                        "(tmx_model_follow)", m->tp.rank);
-    return step(m, seqs, tokens, n, n_seqs, 0, logits, err);
+    const struct step_out out = {logits, NULL};
+    return step(m, seqs, tokens, n, n_seqs, 0, 0, &out, err);
+}
+
+enum tmx_status tmx_model_step_greedy(struct tmx_model *m, struct tmx_seq *const *seqs,
+                                      const int32_t *const *tokens, const int *n, int n_seqs,
+                                      int n_vocab, int32_t *next, char **err) {
+    if (m->tp.rank != 0)
+        return tmx_err(err, TMX_ERR_INVALID, "step: rank %d follows rank 0's steps "
+                       "(tmx_model_follow)", m->tp.rank);
+    if (n_vocab < 1 || n_vocab > m->cfg.vocab_size)
+        return tmx_err(err, TMX_ERR_INVALID, "greedy step: n_vocab %d outside [1, %d]", n_vocab,
+                       m->cfg.vocab_size);
+    const struct step_out out = {NULL, next};
+    return step(m, seqs, tokens, n, n_seqs, 0, n_vocab, &out, err);
 }
 
 enum tmx_status tmx_seq_forward(struct tmx_seq *s, const int32_t *tokens, int n, float *logits,
@@ -844,8 +951,8 @@ enum tmx_status tmx_seq_forward(struct tmx_seq *s, const int32_t *tokens, int n,
         enum tmx_status st = tmx_seq_reserve(s, chunk, err);
         if (st != TMX_OK) return st;
         const int32_t *t = tokens + done;
-        float *dst = all_rows ? logits + (size_t)done * V : logits;
-        if ((st = step(s->m, &s, &t, &chunk, 1, all_rows, dst, err)) != TMX_OK) return st;
+        const struct step_out out = {all_rows ? logits + (size_t)done * V : logits, NULL};
+        if ((st = step(s->m, &s, &t, &chunk, 1, all_rows, 0, &out, err)) != TMX_OK) return st;
         done += chunk;
     }
     return TMX_OK;
@@ -863,7 +970,8 @@ enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
         enum tmx_status st = tmx_comm_broadcast(m->tp.ctl, &h, sizeof h, 0, err);
         if (st != TMX_OK || h.cmd == CMD_QUIT) return st;
         if (h.cmd != CMD_STEP || h.n < 1 || h.n > kv->opt.n_batch || h.n_seqs < 1 ||
-            h.n_seqs > kv->opt.max_seqs || h.n_rows < 1 || h.n_rows > h.n)
+            h.n_seqs > kv->opt.max_seqs || h.n_rows < 1 || h.n_rows > h.n || h.greedy < 0 ||
+            h.greedy > m->cfg.vocab_size)
             return tmx_err(err, TMX_ERR_INVALID, "rank %d: a step from rank 0 with command "
                            "%d, %d tokens, %d sequences, %d rows does not fit this rank's "
                            "cache (were all ranks set up alike?)", m->tp.rank, (int)h.cmd,
@@ -873,7 +981,8 @@ enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
         if ((st = tmx_comm_broadcast(m->tp.ctl, kv->msg, count * 4, 0, err)) != TMX_OK)
             return st;
         char *ferr = NULL;
-        st = run_shared(m, &h, NULL, &ferr);
+        const struct step_out none = {NULL, NULL};
+        st = run_shared(m, &h, &none, &ferr);
         if (st != TMX_OK) tmx_log(TMX_LOG_ERROR, "rank %d: %s", m->tp.rank, ferr ? ferr : "?");
         free(ferr);
         const int32_t mine = (int32_t)st; /* to rank 0's agree() */
@@ -884,6 +993,6 @@ enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
 
 enum tmx_status tmx_model_stop(struct tmx_model *m, char **err) {
     if (m->tp.n == 1 || m->tp.rank != 0) return TMX_OK;
-    struct step_head h = {CMD_QUIT, 0, 0, 0};
+    struct step_head h = {CMD_QUIT, 0, 0, 0, 0};
     return share(m, &h, err);
 }

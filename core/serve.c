@@ -58,6 +58,7 @@ struct tmx_serve {
     uint64_t next_id;                 /* under lock */
     struct tmx_serve_metrics metrics; /* under lock */
     float *logits;                    /* [max_running][vocab_size] of a step */
+    int32_t *next;                    /* [max_running] of a greedy step: each row's argmax */
     float *work;                      /* [vocab_size] */
     struct tmx_seq **b_seq;           /* [max_running] the step's batch */
     const int32_t **b_tok;            /* [max_running] */
@@ -175,10 +176,19 @@ static int is_stop(const struct tmx_serve *s, const struct request *r, int32_t t
     return 0;
 }
 
-/* Samples r's next token from its logits and reports it. Returns 1 when r is finished. */
-static int emit(struct tmx_serve *s, struct request *r, const float *logits) {
+/* Whether r's next token is the argmax of its logits over the tokenizer's ids with nothing
+ * else read from them, so that a greedy step can pick it where the logits are. */
+static int plain_greedy(const struct request *r) {
+    const struct tmx_request_params *p = &r->p;
+    return p->sampling.temperature == 0 && p->n_bias == 0 && p->presence_penalty == 0 &&
+           p->frequency_penalty == 0 && p->repetition_penalty == 1 && p->top_logprobs < 0;
+}
+
+/* Samples r's next token from its logits (NULL: `greedy` is it) and reports it. Returns 1
+ * when r is finished. */
+static int emit(struct tmx_serve *s, struct request *r, const float *logits, int32_t greedy) {
     struct tmx_token_event ev = {.id = r->id};
-    const int32_t tok = pick(s, r, logits, &ev);
+    const int32_t tok = logits ? pick(s, r, logits, &ev) : greedy;
     r->tokens[r->n_tokens++] = tok;
     r->n_gen++;
     const double t = now();
@@ -371,8 +381,16 @@ static void step(struct tmx_serve *s) {
                  "(config key kv_tokens)");
         return;
     }
+    int greedy = 1; /* every request that gets a token this step is plain greedy */
+    for (int j = 0; j < nb; j++) {
+        const struct request *r = s->b_req[j];
+        greedy &= r->n_fed + s->b_n[j] < r->n_tokens || plain_greedy(r);
+    }
     char *err = NULL;
-    enum tmx_status st = tmx_model_step(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->logits, &err);
+    enum tmx_status st =
+        greedy ? tmx_model_step_greedy(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->n_vocab, s->next,
+                                       &err)
+               : tmx_model_step(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->logits, &err);
     for (int j = 0; j < nb; j++) {
         struct request *r = s->b_req[j];
         if (st != TMX_OK) {
@@ -381,8 +399,8 @@ static void step(struct tmx_serve *s) {
         }
         r->n_fed += s->b_n[j];
         if (r->n_fed < r->n_tokens) continue; /* more prompt to go */
-        if (emit(s, r, s->logits + (size_t)j * s->vocab_size)) { /* finished */
-            tmx_seq_free(r->seq);
+        if (emit(s, r, greedy ? NULL : s->logits + (size_t)j * s->vocab_size, s->next[j])) {
+            tmx_seq_free(r->seq); /* finished */
             r->seq = NULL;
         }
     }
@@ -483,13 +501,14 @@ enum tmx_status tmx_serve_new(struct tmx_engine *e, struct tmx_serve **out, char
     s->gone = calloc((size_t)s->max_running, sizeof *s->gone);
     const size_t R = (size_t)s->max_running;
     s->logits = malloc(R * (size_t)s->vocab_size * sizeof *s->logits);
+    s->next = malloc(R * sizeof *s->next);
     s->work = malloc((size_t)s->vocab_size * sizeof *s->work);
     s->counts = calloc((size_t)s->vocab_size, sizeof *s->counts);
     s->b_seq = malloc(R * sizeof *s->b_seq);
     s->b_tok = malloc(R * sizeof *s->b_tok);
     s->b_n = malloc(R * sizeof *s->b_n);
     s->b_req = malloc(R * sizeof *s->b_req);
-    if (!s->running || !s->gone || !s->logits || !s->work || !s->counts || !s->b_seq ||
+    if (!s->running || !s->gone || !s->logits || !s->next || !s->work || !s->counts || !s->b_seq ||
         !s->b_tok || !s->b_n || !s->b_req) {
         tmx_serve_free(s);
         return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
@@ -531,6 +550,7 @@ void tmx_serve_free(struct tmx_serve *s) {
     free(s->running);
     free(s->gone);
     free(s->logits);
+    free(s->next);
     free(s->work);
     free(s->counts);
     free(s->b_seq);

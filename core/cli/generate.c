@@ -37,6 +37,19 @@ static int parse_num(const char *name, const char *arg, double *out) {
     return 0;
 }
 
+/* Feeds `next` to seq. Greedy, the step picks the following token where the logits are
+ * (*pending); otherwise it writes the logits for the sampler. */
+static enum tmx_status decode(struct tmx_model *m, struct tmx_seq *seq, int32_t next, int greedy,
+                              int n_vocab, float *logits, int32_t *pending, char **err) {
+    if (!greedy) return tmx_seq_forward(seq, &next, 1, logits, 0, err);
+    enum tmx_status st = tmx_seq_reserve(seq, 1, err);
+    const int one = 1;
+    const int32_t *tokens = &next;
+    if (st == TMX_OK)
+        st = tmx_model_step_greedy(m, &seq, &tokens, &one, 1, n_vocab, pending, err);
+    return st;
+}
+
 int cmd_generate(int argc, char **argv) {
     static const struct option longopts[] = {
         {"prompt", required_argument, 0, 'p'}, {"n-predict", required_argument, 0, 'n'},
@@ -130,8 +143,9 @@ int cmd_generate(int argc, char **argv) {
     int n_gen = 0;
     struct tmx_detok detok = {0};
     char piece[1024];
+    int32_t pending = -1; /* a greedy step's pick, or -1: sample from logits */
     while (st == TMX_OK && n_gen < (int)n_predict) {
-        int32_t next = tmx_sampler_sample(sampler, logits);
+        const int32_t next = pending >= 0 ? pending : tmx_sampler_sample(sampler, logits);
         n_gen++;
         int eos = 0;
         for (int i = 0; i < mc->n_eos; i++) eos |= next == mc->eos_token_ids[i];
@@ -142,7 +156,9 @@ int cmd_generate(int argc, char **argv) {
             if (w > 0) fwrite(piece, 1, (size_t)w, stdout);
             fflush(stdout);
         }
-        if (n_gen < (int)n_predict) st = tmx_seq_forward(seq, &next, 1, logits, 0, &err);
+        if (n_gen < (int)n_predict)
+            st = decode(tmx_engine_model(e), seq, next, sp.temperature == 0, n_vocab, logits,
+                        &pending, &err);
     }
     const double t2 = now();
     int w = tmx_detok_flush(&detok, piece, sizeof piece);

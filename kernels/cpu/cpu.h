@@ -149,6 +149,7 @@ void cpu_swiglu(void *ctx, float *out, const float *gate, const float *up, int64
 void cpu_add_gated(void *ctx, float *h, const float *a, const struct tmx_tensor *g, int rows,
                    int d);
 void cpu_gather(void *ctx, float *out, const float *x, const int32_t *rows, int n, int d);
+void cpu_argmax(void *ctx, int32_t *ids, float *best, const float *x, int rows, int d, int ld);
 
 /* attention.c */
 void cpu_rope(void *ctx, float *x, const int32_t *pos, const float *inv_freq, int n, int heads,

@@ -235,6 +235,7 @@ static const struct tmx_kernels_i cpu_ops = {
     .gather = cpu_gather,
     .moe_experts_partial = cpu_moe_experts_partial,
     .moe_combine = cpu_moe_combine,
+    .argmax = cpu_argmax,
 };
 
 static const struct tmx_option cpu_options[] = {

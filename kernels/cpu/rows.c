@@ -1,4 +1,4 @@
-/* rows.c: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather.
+/* rows.c: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather, argmax.
  *
  * Each is cheap per element, so work is cut into tasks of about GRAIN floats: a decode step's
  * single row runs inline on the caller instead of paying for a pool wake-up. Small weight
@@ -187,4 +187,39 @@ void cpu_gather(void *ctx, float *out, const float *x, const int32_t *rows, int 
         }
     struct gather_job j = {out, x, rows, n, d, per_task(d)};
     cpu_pool_run(c->pool, n_tasks(n, j.per), gather_task, &j);
+}
+
+/* --- argmax --------------------------------------------------------------------------------- */
+
+struct argmax_job {
+    int32_t *ids;
+    float *best;
+    const float *x;
+    int rows, d, ld;
+    int64_t per;
+};
+
+static void argmax_task(void *arg, int64_t task) {
+    const struct argmax_job *j = arg;
+    for (int64_t r = task * j->per; r < j->rows && r < (task + 1) * j->per; r++) {
+        const float *xr = j->x + r * j->ld;
+        int32_t at = 0;
+        while (at < j->d - 1 && isnan(xr[at])) at++; /* the first number, if any */
+        for (int32_t i = at + 1; i < j->d; i++)
+            if (xr[i] > xr[at]) at = i;
+        if (isnan(xr[at])) at = 0;
+        j->ids[r] = at;
+        j->best[r] = xr[at];
+    }
+}
+
+void cpu_argmax(void *ctx, int32_t *ids, float *best, const float *x, int rows, int d, int ld) {
+    struct cpu_ctx *c = ctx;
+    if (!check_rows(c, "argmax", rows, d)) return;
+    if (ld < d) {
+        cpu_fail(c, TMX_ERR_INVALID, "argmax: row stride %d below the width %d", ld, d);
+        return;
+    }
+    struct argmax_job j = {ids, best, x, rows, d, ld, per_task(d)};
+    cpu_pool_run(c->pool, n_tasks(rows, j.per), argmax_task, &j);
 }

@@ -87,6 +87,7 @@ void cu_swiglu(void *ctx, float *out, const float *gate, const float *up, int64_
 void cu_add_gated(void *ctx, float *h, const float *a, const struct tmx_tensor *g, int rows,
                   int d);
 void cu_gather(void *ctx, float *out, const float *x, const int32_t *rows, int n, int d);
+void cu_argmax(void *ctx, int32_t *ids, float *best, const float *x, int rows, int d, int ld);
 
 /* matmul.cu */
 void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_tensor *w, int n);

@@ -369,6 +369,7 @@ static const struct tmx_kernels_i cu_ops = {
     .native_stream = cu_native_stream,
     .moe_experts_partial = cu_moe_experts_partial,
     .moe_combine = cu_moe_combine,
+    .argmax = cu_argmax,
 };
 
 static const struct tmx_option cu_options[] = {

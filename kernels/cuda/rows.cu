@@ -1,7 +1,8 @@
-/* rows.cu: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather.
+/* rows.cu: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather, argmax.
  *
  * Each is memory bound and cheap per element: a thread per element (embed, swiglu, add_gated,
- * gather) or a block per row (rmsnorm, which needs the row's sum of squares). */
+ * gather), a block per row (rmsnorm, which needs the row's sum of squares) or blocks per piece
+ * of a row (argmax, whose rows are a vocabulary long). */
 #include "cuda-dev.cuh"
 
 static int check_rows(struct cu_ctx *c, const char *op, int64_t rows, int64_t d) {
@@ -133,4 +134,84 @@ extern "C" void cu_gather(void *ctx, float *out, const float *x, const int32_t *
     gather_kernel<<<blocks_for(count, 256), 256, 0, c->stream>>>(out, x, rows, d, count,
                                                                   c->dev_err);
     cu_check_launch(c, "gather");
+}
+
+/* --- argmax --------------------------------------------------------------------------------- */
+
+/* A value and its column as one integer whose order is argmax's: the larger value, then the
+ * lower column. The float's bits are mapped to an unsigned order (negative values reversed);
+ * NaN is 0, below every number. */
+__device__ __forceinline__ unsigned long long argmax_key(float v, int32_t col) {
+    if (isnan(v)) return 0;
+    uint32_t u = __float_as_uint(v);
+    u ^= (u >> 31) ? 0xffffffffu : 0x80000000u;
+    return (unsigned long long)u << 32 | (0xffffffffu - (uint32_t)col);
+}
+
+__device__ __forceinline__ unsigned long long warp_max_key(unsigned long long k) {
+    for (int o = 16; o > 0; o >>= 1) {
+        unsigned long long other = __shfl_xor_sync(0xffffffffu, k, o);
+        k = other > k ? other : k;
+    }
+    return k;
+}
+
+/* Columns a block of the first pass covers: enough that its 256 threads read 16 values each. */
+#define ARGMAX_THREADS 256
+#define ARGMAX_PIECE (ARGMAX_THREADS * 16)
+
+/* First pass, grid (pieces, rows): part[row][piece] = the largest key of the piece. */
+__global__ void argmax_piece_kernel(unsigned long long *part, const float *x, int d, int ld) {
+    __shared__ unsigned long long red[ARGMAX_THREADS / 32];
+    const float *xr = x + (int64_t)blockIdx.y * ld;
+    const int end = min(d, (int)(blockIdx.x + 1) * ARGMAX_PIECE);
+    unsigned long long best = 0;
+    for (int i = blockIdx.x * ARGMAX_PIECE + threadIdx.x; i < end; i += ARGMAX_THREADS) {
+        unsigned long long k = argmax_key(xr[i], i);
+        best = k > best ? k : best;
+    }
+    best = warp_max_key(best);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = best;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        best = threadIdx.x < ARGMAX_THREADS / 32 ? red[threadIdx.x] : 0;
+        best = warp_max_key(best);
+        if (threadIdx.x == 0) part[(int64_t)blockIdx.y * gridDim.x + blockIdx.x] = best;
+    }
+}
+
+/* Second pass, a warp per row over its pieces' keys. */
+__global__ void argmax_row_kernel(int32_t *ids, float *best, const unsigned long long *part,
+                                  int pieces, const float *x, int ld) {
+    const unsigned long long *pr = part + (int64_t)blockIdx.x * pieces;
+    unsigned long long k = 0;
+    for (int i = threadIdx.x; i < pieces; i += 32) k = pr[i] > k ? pr[i] : k;
+    k = warp_max_key(k);
+    if (threadIdx.x == 0) {
+        const int32_t col = k ? (int32_t)(0xffffffffu - (uint32_t)k) : 0;
+        ids[blockIdx.x] = col;
+        best[blockIdx.x] = x[(int64_t)blockIdx.x * ld + col];
+    }
+}
+
+extern "C" void cu_argmax(void *ctx, int32_t *ids, float *best, const float *x, int rows, int d,
+                          int ld) {
+    struct cu_ctx *c = (struct cu_ctx *)ctx;
+    if (!cu_enter(c, "argmax") || !check_rows(c, "argmax", rows, d) || rows == 0) return;
+    if (ld < d) {
+        cu_fail(c, TMX_ERR_INVALID, "argmax: row stride %d below the width %d", ld, d);
+        return;
+    }
+    const int pieces = (d + ARGMAX_PIECE - 1) / ARGMAX_PIECE;
+    unsigned long long *part = (unsigned long long *)cu_scratch(
+        c, (size_t)(rows < 65535 ? rows : 65535) * pieces * sizeof *part, "argmax");
+    if (!part) return;
+    for (int r0 = 0; r0 < rows; r0 += 65535) { /* the most a grid's y may hold */
+        const int nr = rows - r0 < 65535 ? rows - r0 : 65535;
+        const float *xr = x + (int64_t)r0 * ld;
+        argmax_piece_kernel<<<dim3(pieces, nr), ARGMAX_THREADS, 0, c->stream>>>(part, xr, d, ld);
+        if (!cu_check_launch(c, "argmax")) return;
+        argmax_row_kernel<<<nr, 32, 0, c->stream>>>(ids + r0, best + r0, part, pieces, xr, ld);
+        if (!cu_check_launch(c, "argmax")) return;
+    }
 }

@@ -190,6 +190,30 @@ def test_batched_steps_match_tp1(models):
     assert np.array_equal(got.argmax(-1), ref.argmax(-1))
 
 
+@pytest.mark.parametrize("tp,kernels", [(2, "cpu"), (4, "cpu"), (2, "cpu22")])
+def test_greedy_steps_pick_the_argmax(models, tp, kernels):
+    """Greedy steps: each rank picks the best of its vocabulary slice and rank 0 the best of
+    theirs (kernels.cpu), or the logits are gathered and picked on the host (cpu22, a set
+    without argmax). Over every id, and over fewer ids that end inside the last rank's slice,
+    inside rank 1's, and inside rank 0's (the other ranks then offer nothing)."""
+    model = models["kv4-f32"]
+    ids = prompt_ids(model)
+    plugins = str(pathlib.Path(BIN_DIR).resolve().parent / "tests" / "plugins")
+    extra = [f"kernels={kernels}", f"plugin_dir={plugins}"] if kernels == "cpu22" else []
+    with Engine(model, ["threads=2", f"tp={tp}", "kv_block_size=8"] + extra) as eng:
+        stride = -(-eng.vocab_size // tp)
+        a = [eng.seq(n_ctx=256) for _ in ids]
+        logits = eng.step(a, ids)
+        for n_vocab in (eng.n_vocab, eng.n_vocab - 3, stride + 5, stride - 1):
+            b = [eng.seq(n_ctx=256) for _ in ids]
+            picks = eng.step_greedy(b, ids, n_vocab=n_vocab)
+            assert np.array_equal(picks, logits[:, :n_vocab].argmax(-1)), n_vocab
+            for s in b:
+                s.close()
+        for s in a:
+            s.close()
+
+
 def test_indivisible_config_is_one_line(tmp_path):
     model = str(tmp_path / "tiny")  # the default tiny: 2 KV heads
     run(sys.executable, str(ROOT / "tools" / "make_tiny_model.py"), model)

@@ -30,6 +30,9 @@ def lib():
         _lib.tmx_seq_reserve.argtypes = [P, I, C.POINTER(P)]
         _lib.tmx_model_step.argtypes = [P, C.POINTER(P), C.POINTER(C.POINTER(C.c_int32)),
                                         C.POINTER(I), I, C.POINTER(C.c_float), C.POINTER(P)]
+        _lib.tmx_model_step_greedy.argtypes = [P, C.POINTER(P), C.POINTER(C.POINTER(C.c_int32)),
+                                               C.POINTER(I), I, I, C.POINTER(C.c_int32),
+                                               C.POINTER(P)]
         _lib.tmx_seq_free.argtypes = [P]
         _lib.tmx_seq_forward.argtypes = [P, C.POINTER(C.c_int32), I, C.POINTER(C.c_float), I,
                                          C.POINTER(P)]
@@ -87,9 +90,8 @@ class Engine:
         lib().tmx_model_kv_usage(lib().tmx_engine_model(self.handle), C.byref(u))
         return u
 
-    def step(self, seqs, token_lists):
-        """One batched step: seqs[i] appends token_lists[i]; returns the last-token logits of
-        each sequence, [len(seqs)][n_vocab]. Reserves the blocks first."""
+    def _batch(self, seqs, token_lists):
+        """Reserves the blocks of a step and returns its C arrays (the numpy ones kept)."""
         arrays = [np.ascontiguousarray(t, dtype=np.int32) for t in token_lists]
         for s, a in zip(seqs, arrays):
             err = C.c_void_p()
@@ -99,12 +101,30 @@ class Engine:
         ptrs = (C.POINTER(C.c_int32) * n)(*[a.ctypes.data_as(C.POINTER(C.c_int32))
                                             for a in arrays])
         counts = (C.c_int * n)(*[len(a) for a in arrays])
-        out = np.zeros((n, self.vocab_size), dtype=np.float32)
+        return arrays, handles, ptrs, counts
+
+    def step(self, seqs, token_lists):
+        """One batched step: seqs[i] appends token_lists[i]; returns the last-token logits of
+        each sequence, [len(seqs)][n_vocab]. Reserves the blocks first."""
+        _, handles, ptrs, counts = self._batch(seqs, token_lists)
+        out = np.zeros((len(seqs), self.vocab_size), dtype=np.float32)
         err = C.c_void_p()
         _check(lib().tmx_model_step(lib().tmx_engine_model(self.handle), handles, ptrs, counts,
-                                    n, out.ctypes.data_as(C.POINTER(C.c_float)), C.byref(err)),
-               err)
+                                    len(seqs), out.ctypes.data_as(C.POINTER(C.c_float)),
+                                    C.byref(err)), err)
         return out[:, : self.n_vocab]
+
+    def step_greedy(self, seqs, token_lists, n_vocab=None):
+        """step(), returning each sequence's argmax over ids [0, n_vocab) (default: the
+        engine's n_vocab) as the step computes it."""
+        _, handles, ptrs, counts = self._batch(seqs, token_lists)
+        out = np.zeros(len(seqs), dtype=np.int32)
+        err = C.c_void_p()
+        _check(lib().tmx_model_step_greedy(lib().tmx_engine_model(self.handle), handles, ptrs,
+                                           counts, len(seqs), n_vocab or self.n_vocab,
+                                           out.ctypes.data_as(C.POINTER(C.c_int32)),
+                                           C.byref(err)), err)
+        return out
 
 
 class Seq:

@@ -171,6 +171,15 @@ struct tmx_kernels_i {
      * of moe_experts_partial this is moe_experts' output. */
     void (*moe_combine)(void *ctx, float *out, const float *ye, const float *weights, int n,
                         int k, int latent, const struct tmx_tensor *post_norm, float eps);
+
+    /* --- greedy decoding (optional; NULL: the core reads the logits back and picks on the
+     * host). Added in ABI 2.3. */
+
+    /* For each row r < rows of x (rows of ld floats), over its first d columns (0 < d <= ld):
+     * ids[r] = the lowest column holding the largest value and best[r] = that value. NaN is
+     * never the largest; a row of NaN only gives id 0 and best NaN. */
+    void (*argmax)(void *ctx, int32_t *ids, float *best, const float *x, int rows, int d,
+                   int ld);
 };
 
 #endif

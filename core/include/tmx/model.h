@@ -168,6 +168,15 @@ enum tmx_status tmx_model_step(struct tmx_model *m, struct tmx_seq *const *seqs,
                                const int32_t *const *tokens, const int *n, int n_seqs,
                                float *logits, char **err);
 
+/* tmx_model_step for greedy decoding: next[i] = the argmax of sequence i's logits over ids
+ * [0, n_vocab) (the lowest id of the largest logit; NaN never the largest), found where the
+ * logits are (the kernel set's argmax, else on the host), so that a GPU or a TP group sends
+ * back n_seqs ids instead of n_seqs rows of logits. Errors: tmx_model_step's, and n_vocab
+ * outside [1, vocab_size]. */
+enum tmx_status tmx_model_step_greedy(struct tmx_model *m, struct tmx_seq *const *seqs,
+                                      const int32_t *const *tokens, const int *n, int n_seqs,
+                                      int n_vocab, int32_t *next, char **err);
+
 /* Appends tokens[0..n) to one sequence in steps of at most n_batch, reserving as it goes, and
  * writes logits (vocab_size columns): of the last token to logits[vocab_size], or with all_rows
  * of every token to logits[n][vocab_size]. Errors: context full, KV cache full (TMX_ERR_BUSY),
