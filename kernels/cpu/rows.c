@@ -199,17 +199,31 @@ struct argmax_job {
     int64_t per;
 };
 
+/* The first column of x[0..d) holding its largest value (NaN never the largest; a row of NaN
+ * only: 0). Two passes: the largest value 8 lanes at a time (x > m ? x : m never takes a NaN),
+ * then the first column that holds it. */
+static int32_t row_argmax(const float *x, int d) {
+    f32x8 m8 = v8_splat(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= d; i += 8) {
+        const f32x8 v = v8_load(x + i);
+        const u32x8 gt = (u32x8)(v > m8);
+        m8 = (f32x8)(((u32x8)v & gt) | ((u32x8)m8 & ~gt));
+    }
+    float m = -INFINITY;
+    for (int l = 0; l < 8; l++) m = m8[l] > m ? m8[l] : m;
+    for (; i < d; i++) m = x[i] > m ? x[i] : m;
+    for (i = 0; i < d; i++)
+        if (x[i] == m) return i;
+    return 0;
+}
+
 static void argmax_task(void *arg, int64_t task) {
     const struct argmax_job *j = arg;
     for (int64_t r = task * j->per; r < j->rows && r < (task + 1) * j->per; r++) {
         const float *xr = j->x + r * j->ld;
-        int32_t at = 0;
-        while (at < j->d - 1 && isnan(xr[at])) at++; /* the first number, if any */
-        for (int32_t i = at + 1; i < j->d; i++)
-            if (xr[i] > xr[at]) at = i;
-        if (isnan(xr[at])) at = 0;
-        j->ids[r] = at;
-        j->best[r] = xr[at];
+        j->ids[r] = row_argmax(xr, j->d);
+        j->best[r] = xr[j->ids[r]];
     }
 }
 

@@ -19,7 +19,8 @@ for d in .devbin/ .devlibs/ .devmodels/ .devpack.tar.xz; do
 done
 rm -rf .devbin .devlibs
 mkdir -p .devbin .devlibs .devmodels
-cp "$build"/bin/tmx "$build"/bin/tmx-graph-check "$build"/bin/tmx-bench-matmul "$build"/bin/libtmx*.so \
+cp "$build"/bin/tmx "$build"/bin/tmx-graph-check "$build"/bin/tmx-bench-matmul "$build"/bin/tmx-bench-pick \
+    "$build"/bin/libtmx*.so \
     .devbin/
 
 # Everything ldd resolves outside glibc, the CUDA toolkit and our own folder.

@@ -11,6 +11,7 @@
 #   2. tmx conform --kernels cuda (+ per-case time) conform.txt, conform.json
 #   3. tmx-graph-check cuda                         graph.txt
 #      tmx-bench-matmul cuda: BF16 against MXFP8 weights   bench-matmul.json
+#      tmx-bench-pick cuda: a greedy step's argmax against reading the logits   bench-pick.json
 #   4. muse-tiny BF16 and F32 (when carried), every KV cache dtype, and its K3 builds (e4m3,
 #      fp4; quantized on the machine from BF16 unless carried): 64 greedy tokens with kernels cpu
 #      and cuda, texts compared; a longer cuda run for decode tokens/s  generate.txt, summary.json
@@ -71,6 +72,11 @@ echo "== matmul: BF16 against MXFP8 weights"
 "$bin/tmx-bench-matmul" cuda "$OUT/bench-matmul.json" > "$OUT/logs/bench-matmul.txt" 2>&1
 bench_rc=$?
 cat "$OUT/logs/bench-matmul.txt"
+
+echo "== greedy picks: argmax on the device against logits read back"
+"$bin/tmx-bench-pick" cuda "$OUT/bench-pick.json" > "$OUT/logs/bench-pick.txt" 2>&1
+pick_rc=$?
+cat "$OUT/logs/bench-pick.txt"
 
 echo "== muse-tiny end to end"
 # Its K3 builds are quantized here from the BF16 model when .devmodels lacks them (beside the
@@ -157,10 +163,11 @@ if [ -x .gpu-codec/trellis-gpu-bench ]; then
         cuobjdump -sass -arch sm_90a .gpu-codec/trellis-gpu-bench > "$OUT/logs/sass.txt" 2>&1
 fi
 
-python3 - "$OUT" "$conform_rc" "$graph_rc" "$san" "$gpu" "$codec_rc" "$bench_rc" "${rows[@]}" <<'EOF'
+python3 - "$OUT" "$conform_rc" "$graph_rc" "$san" "$gpu" "$codec_rc" "$bench_rc" "$pick_rc" \
+    "${rows[@]}" <<'EOF'
 import json, os, sys
-out, conform_rc, graph_rc, san, gpu, codec_rc, bench_rc = sys.argv[1:8]
-conform_rc, graph_rc, rows = int(conform_rc), int(graph_rc), sys.argv[8:]
+out, conform_rc, graph_rc, san, gpu, codec_rc, bench_rc, pick_rc = sys.argv[1:9]
+conform_rc, graph_rc, rows = int(conform_rc), int(graph_rc), sys.argv[9:]
 path = f"{out}/conform.json"
 doc = json.load(open(path)) if os.path.exists(path) else {"cases": []}
 fails = [c["name"] for c in doc["cases"] if not c["pass"]]
@@ -172,7 +179,7 @@ for c in doc["cases"]:
     if c["tol"] and c["err"] is not None:
         o["worst_err_over_tol"] = max(o["worst_err_over_tol"], c["err"] / c["tol"])
 summary = {"gpu": gpu, "conform_rc": conform_rc, "graph_rc": graph_rc, "sanitizer": san,
-           "codec_rc": codec_rc, "bench_matmul_rc": bench_rc, "ops": ops, "failed": fails,
+           "codec_rc": codec_rc, "bench_matmul_rc": bench_rc, "bench_pick_rc": pick_rc, "ops": ops, "failed": fails,
            "generate": rows}
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print(f"\n==== {gpu}")
@@ -182,7 +189,7 @@ for k, v in ops.items():
 print(f"conformance: {len(doc['cases']) - len(fails)}/{len(doc['cases'])} pass (rc {conform_rc})"
       + (f"; FAIL: {', '.join(fails)}" if fails else ""))
 print(f"graph check: {'PASS' if graph_rc == 0 else 'FAIL'}; sanitizer: {san}; codec bench rc: "
-      f"{codec_rc}; matmul bench rc: {bench_rc}")
+      f"{codec_rc}; matmul bench rc: {bench_rc}; pick bench rc: {pick_rc}")
 for r in rows:
     a, b, c = r.split("|")
     print(f"  {a:<22} {b:<58} {c}")

@@ -1,0 +1,119 @@
+/* bench_pick.c: the end of a greedy decode step on a kernel set, the two ways the core can take
+ * it (core/forward.c): the set's argmax, then n ids read back, against n rows of logits read
+ * back and their argmax on the host (what a set without argmax gets, and every step before
+ * ABI 2.3). Vocabularies: muse-mini's (8,192), the reconstructed 816B model's (202,048) and
+ * its slice on a rank of TP 4 (50,512). Built by kernels/cuda/CMakeLists.txt as
+ * bin/tmx-bench-pick; needs a device, so it is no ctest case; tests/gpu/run.sh runs it.
+ *
+ *     tmx-bench-pick [KERNELS [OUT.json]]      (default cuda)
+ *
+ * Logits are random in [-8, 8]. Each way runs REPEAT times, each a full round trip (the read
+ * waits for the device, as a step's does); the table gives microseconds a step. Exits 1 if the
+ * two ways pick different ids or an op fails. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "tmx/config.h"
+#include "tmx/loader.h"
+
+#define REPEAT 200
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The host's pick, as core/forward.c's host_argmax. */
+static int32_t host_argmax(const float *x, int d) {
+    int32_t at = -1;
+    for (int32_t i = 0; i < d; i++)
+        if (!isnan(x[i]) && (at < 0 || x[i] > x[at])) at = i;
+    return at < 0 ? 0 : at;
+}
+
+int main(int argc, char **argv) {
+    static const int vocabs[] = {8192, 50512, 202048};
+    static const int rows[] = {1, 4, 16};
+    enum { NMAX = 16, VMAX = 202048 };
+    const char *name = argc > 1 ? argv[1] : "cuda";
+    FILE *json = argc > 2 ? fopen(argv[2], "w") : NULL;
+    if (argc > 2 && !json) {
+        fprintf(stderr, "tmx-bench-pick: cannot write %s\n", argv[2]);
+        return 1;
+    }
+    struct tmx_config *cfg = NULL;
+    struct tmx_plugins *ps = NULL;
+    struct tmx_kernels k = {0};
+    char *err = NULL;
+    if (tmx_config_load(NULL, &cfg, &err) != TMX_OK || tmx_plugins_new(cfg, &ps, &err) != TMX_OK ||
+        tmx_kernels_open(ps, name, &k, &err) != TMX_OK) {
+        fprintf(stderr, "tmx-bench-pick: %s\n", err ? err : "out of memory");
+        return 1;
+    }
+    if (!TMX_OPS_HAS(k.ops, argmax)) {
+        fprintf(stderr, "tmx-bench-pick: kernel set %s has no argmax\n", name);
+        return 1;
+    }
+    float *xh = malloc((size_t)NMAX * VMAX * sizeof *xh), *best = NULL;
+    int32_t dev_ids[NMAX], host_ids[NMAX], *ids = NULL;
+    void *x = NULL;
+    uint64_t rng = 1;
+    if (!xh || k.ops->buf_alloc(k.ctx, (size_t)NMAX * VMAX * sizeof *xh, &x) != TMX_OK ||
+        k.ops->buf_alloc(k.ctx, NMAX * sizeof *ids, (void **)&ids) != TMX_OK ||
+        k.ops->buf_alloc(k.ctx, NMAX * sizeof *best, (void **)&best) != TMX_OK) {
+        fprintf(stderr, "tmx-bench-pick: out of memory\n");
+        return 1;
+    }
+    int failed = 0;
+    if (json) fprintf(json, "{\"kernels\": \"%s\", \"repeat\": %d, \"runs\": [", name, REPEAT);
+    printf("%7s %3s  %10s %10s  %7s\n", "vocab", "n", "argmax us", "read us", "saved");
+    for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0]; v++) {
+        const int V = vocabs[v];
+        for (size_t i = 0; i < (size_t)NMAX * V; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            xh[i] = (float)((double)(rng >> 11) * 0x1p-53 * 16.0 - 8.0);
+        }
+        if (k.ops->buf_write(k.ctx, x, xh, (size_t)NMAX * V * sizeof *xh) != TMX_OK) failed = 1;
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0] && !failed; r++) {
+            const int n = rows[r];
+            double t0 = now_s();
+            for (int i = 0; i < REPEAT && !failed; i++) {
+                k.ops->argmax(k.ctx, ids, best, x, n, V, V);
+                failed |= k.ops->buf_read(k.ctx, dev_ids, ids, (size_t)n * sizeof *ids) != TMX_OK;
+            }
+            const double t_dev = (now_s() - t0) / REPEAT;
+            t0 = now_s();
+            for (int i = 0; i < REPEAT && !failed; i++) {
+                failed |= k.ops->buf_read(k.ctx, xh, x, (size_t)n * V * sizeof *xh) != TMX_OK;
+                for (int j = 0; j < n; j++) host_ids[j] = host_argmax(xh + (size_t)j * V, V);
+            }
+            const double t_host = (now_s() - t0) / REPEAT;
+            failed |= k.ops->sync(k.ctx) != TMX_OK;
+            int same = !failed;
+            for (int j = 0; j < n && same; j++) same = dev_ids[j] == host_ids[j];
+            failed |= !same;
+            printf("%7d %3d  %10.2f %10.2f  %6.2fx%s\n", V, n, t_dev * 1e6, t_host * 1e6,
+                   t_host / t_dev, same ? "" : "  FAIL: the picks differ");
+            if (json)
+                fprintf(json, "%s\n {\"vocab\": %d, \"n\": %d, \"argmax_us\": %.3f, "
+                        "\"read_host_us\": %.3f, \"same\": %s}", v || r ? "," : "", V, n,
+                        t_dev * 1e6, t_host * 1e6, same ? "true" : "false");
+        }
+    }
+    if (json) {
+        fprintf(json, "\n]}\n");
+        fclose(json);
+    }
+    k.ops->buf_free(k.ctx, best);
+    k.ops->buf_free(k.ctx, ids);
+    k.ops->buf_free(k.ctx, x);
+    free(xh);
+    tmx_kernels_close(&k);
+    tmx_plugins_free(ps);
+    tmx_config_free(cfg);
+    return failed;
+}
