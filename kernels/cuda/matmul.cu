@@ -1,7 +1,8 @@
 /* matmul.cu: y[n][m] = x[n][k] . w[m][k]^T with F32 activations.
  *
- * Decode (n <= 8) is bound by reading the weight once: a GEMV kernel, one warp per weight row,
- * that keeps up to 8 token rows' sums in registers and reads F32/BF16/F16 weights directly.
+ * Decode (n <= 8) is bound by reading the weight once: GEMV kernels that keep up to 8 token
+ * rows' sums in registers and read F32/BF16/F16 weights directly, one warp a weight row for one
+ * token over many rows, else two rows a block whose warps split k.
  *
  * Prefill (n > 8) goes to cuBLASLt. F32 weights: an F32 GEMM (CUBLAS_COMPUTE_32F, no TF32).
  * BF16 weights: the activations cannot simply be rounded to BF16, which costs ~2^-9 relative
@@ -87,13 +88,142 @@ static void gemv_launch(struct cu_ctx *c, float *y, const float *x, const void *
         gemv_kernel<DT, NT, false><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, n, m, k);
 }
 
+#define SK_ROWS 2    /* weight rows of a split-k block, whose GEMV_WARPS warps split k */
+#define SK_STEP 512  /* weights of a row a warp takes at a time: lane l those at 4 l + 128 j */
+
+/* 4 weights as loaded (F32: a float4, BF16 and F16: a uint2) and as f32. */
+template <int DT> struct w4 {
+    typedef uint2 raw;
+    static __device__ __forceinline__ raw load(const void *w, int64_t i) {
+        return __ldg((const uint2 *)((const uint16_t *)w + i));
+    }
+    static __device__ __forceinline__ float4 f32(raw u) {
+        if (DT == TMX_DTYPE_BF16)
+            return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                               __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+        const float2 a = __half22float2(*(const __half2 *)&u.x);
+        const float2 b = __half22float2(*(const __half2 *)&u.y);
+        return make_float4(a.x, a.y, b.x, b.y);
+    }
+};
+template <> struct w4<TMX_DTYPE_F32> {
+    typedef float4 raw;
+    static __device__ __forceinline__ raw load(const void *w, int64_t i) {
+        return __ldg((const float4 *)((const float *)w + i));
+    }
+    static __device__ __forceinline__ float4 f32(raw u) { return u; }
+};
+
+/* What a lane holds of 4 weights of the next step: as loaded (RAW) or already as f32. */
+template <int DT, bool RAW> struct held {
+    typedef typename w4<DT>::raw type;
+    static __device__ __forceinline__ type keep(typename w4<DT>::raw u) { return u; }
+    static __device__ __forceinline__ float4 f32(type u) { return w4<DT>::f32(u); }
+};
+template <int DT> struct held<DT, false> {
+    typedef float4 type;
+    static __device__ __forceinline__ type keep(typename w4<DT>::raw u) { return w4<DT>::f32(u); }
+    static __device__ __forceinline__ float4 f32(type v) { return v; }
+};
+
+/* The GEMV of F32, BF16 and F16 weights in mxfp8_gemv_kernel's form, for k a multiple of 4 and
+ * x and w 16-byte aligned: a block computes SK_ROWS rows from r0 on, warp v takes steps v,
+ * v + 8, ... of SK_STEP weights of all of them and loads its next step before it computes this
+ * one; every load of a warp, weights or x, is one contiguous piece (x's loaded once a step for
+ * the SK_ROWS rows). gemv_kernel's one warp a row gives each lane 8 contiguous weights, so a
+ * warp's x loads of a token touch 8 lines each: 1.1-1.3 TB/s at 4 tokens (docs/perf/h200.md).
+ * The warps' sums meet in shared memory. Up to 4 tokens the next step's weights stay as loaded
+ * (half the registers for 16-bit ones) and 3 blocks share an SM; 8 tokens go faster with them
+ * converted as they arrive, 2 blocks an SM (H200, BF16: each form 14-45% faster than the other
+ * on the 816B model's projections and lm_head, docs/perf/h200.md). */
+template <int DT, int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NT <= 4 ? 3 : 2)
+gemv_split_kernel(float *__restrict__ y, const float *__restrict__ x, const void *__restrict__ w,
+                  int n, int m, int k) {
+    __shared__ float red[GEMV_WARPS][SK_ROWS][NT];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = blockIdx.x * SK_ROWS;
+    const int t0 = blockIdx.y * NT, nt = min(n - t0, NT), rows = min(m - r0, SK_ROWS);
+    const int stride = GEMV_WARPS * SK_STEP;
+    typedef held<DT, NT <= 4> hold;
+    float acc[SK_ROWS][NT] = {};
+    typename hold::type c[SK_ROWS][4];
+    auto load = [&](int base) { /* rows past m read the last one again, never stored */
+#pragma unroll
+        for (int r = 0; r < SK_ROWS; r++) {
+            const int64_t row = (int64_t)(r0 + min(r, rows - 1)) * k;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int p = base + 4 * lane + 128 * j;
+                c[r][j] = hold::keep(p < k ? w4<DT>::load(w, row + p) : typename w4<DT>::raw{});
+            }
+        }
+    };
+    if (warp * SK_STEP < k) load(warp * SK_STEP);
+    for (int base = warp * SK_STEP; base < k; base += stride) {
+        float4 q[SK_ROWS][4];
+#pragma unroll
+        for (int r = 0; r < SK_ROWS; r++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) q[r][j] = hold::f32(c[r][j]);
+        if (base + stride < k) load(base + stride);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= nt) break;
+            const float *xt = x + (int64_t)(t0 + t) * k + base + 4 * lane;
+            float4 a[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                a[j] = base + 4 * lane + 128 * j < k ? *(const float4 *)(xt + 128 * j)
+                                                     : make_float4(0, 0, 0, 0);
+#pragma unroll
+            for (int r = 0; r < SK_ROWS; r++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    acc[r][t] += q[r][j].x * a[j].x + q[r][j].y * a[j].y + q[r][j].z * a[j].z +
+                                 q[r][j].w * a[j].w;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < SK_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0) red[warp][r][t] = v;
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < SK_ROWS * NT; i += blockDim.x) {
+        const int r = i / NT, t = i % NT;
+        if (r >= rows || t >= nt) continue;
+        float sum = 0.0f;
+        for (int v = 0; v < GEMV_WARPS; v++) sum += red[v][r][t];
+        y[(int64_t)(t0 + t) * m + r0 + r] = sum;
+    }
+}
+
+/* One token over enough rows to fill the GPU (1,024: 128 blocks of gemv_kernel) reads the
+ * weight at copy speed in gemv_kernel; more tokens, or fewer rows, go faster in
+ * gemv_split_kernel (H200: 1.3-3.5x at 4 tokens, 1.4x at one token on 512 rows; 1.3-1.5x
+ * slower at one token on 2,048 rows and more: docs/perf/h200.md), where k and the addresses
+ * allow it. */
+template <int DT, int NT>
+static void gemv_pick(struct cu_ctx *c, float *y, const float *x, const void *w, int n, int m,
+                      int k) {
+    if ((n > 1 || m < 1024) && k % 4 == 0 && ((uintptr_t)x & 15) == 0 &&
+        ((uintptr_t)w & 15) == 0) {
+        dim3 grid((unsigned)((m + SK_ROWS - 1) / SK_ROWS), (unsigned)((n + NT - 1) / NT));
+        gemv_split_kernel<DT, NT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, n, m, k);
+    } else {
+        gemv_launch<DT, NT>(c, y, x, w, n, m, k);
+    }
+}
+
 /* Token rows go in groups of 1, 2, 4 or 8 (the smallest that holds n, else 8). */
 template <int DT>
 static void gemv(struct cu_ctx *c, float *y, const float *x, const void *w, int n, int m, int k) {
-    if (n == 1) gemv_launch<DT, 1>(c, y, x, w, n, m, k);
-    else if (n == 2) gemv_launch<DT, 2>(c, y, x, w, n, m, k);
-    else if (n <= 4) gemv_launch<DT, 4>(c, y, x, w, n, m, k);
-    else gemv_launch<DT, 8>(c, y, x, w, n, m, k);
+    if (n == 1) gemv_pick<DT, 1>(c, y, x, w, n, m, k);
+    else if (n == 2) gemv_pick<DT, 2>(c, y, x, w, n, m, k);
+    else if (n <= 4) gemv_pick<DT, 4>(c, y, x, w, n, m, k);
+    else gemv_pick<DT, 8>(c, y, x, w, n, m, k);
 }
 
 /* 2^(s - 127) for a UE8M0 scale byte s, exact (s = 255, OCP's NaN, is no scale tmx writes). */

@@ -1,15 +1,15 @@
 /* bench_matmul.c: a kernel set's dense matmul with BF16 weights against the same weights as
- * MXFP8 (docs/plugins.md), at the attention projections of the reconstructed 816B model
- * (docs/plan/muse-816b: hidden 7168, 64 query and 16 KV heads of 128), whole and per rank of
- * TP 4. Built by kernels/cuda/CMakeLists.txt as bin/tmx-bench-matmul; needs a device, so it is
+ * MXFP8 (docs/plugins.md), at the attention projections and the lm_head of the reconstructed
+ * 816B model (docs/plan/muse-816b: hidden 7168, 64 query and 16 KV heads of 128, vocabulary
+ * 202,048), whole and per rank of TP 4. Built by kernels/cuda/CMakeLists.txt as bin/tmx-bench-matmul; needs a device, so it is
  * no ctest case; tests/gpu/run.sh runs it.
  *
  *     tmx-bench-matmul [KERNELS [OUT.json]]      (default cuda)
  *
  * Each weight is random MXFP8 (every E4M3 code but NaN, scales 2^-12 to 2^-4), imported once
  * as it is and once as its BF16 values, which are the same numbers; x is random in [-1, 1].
- * For n = 1, 4 and 64 token rows, each form runs REPEAT times queued with one sync: the table
- * gives microseconds a call, the weight bytes over that time, and the largest difference
+ * For n = 1, 2, 4, 8 and 64 token rows, each form runs REPEAT times queued with one sync: the
+ * table gives microseconds a call, the weight bytes over that time, and the largest difference
  * between the two forms' outputs over the largest output (summation order only). Exits 1 if a
  * difference passes 1e-5 or an op fails. */
 #include <math.h>
@@ -54,9 +54,10 @@ int main(int argc, char **argv) {
         int m, k;
     } shapes[] = {
         {"q_proj", 8192, 7168},     {"o_proj", 7168, 8192},     {"q_proj/4", 2048, 7168},
-        {"o_proj/4", 7168, 2048},   {"k_proj/4", 512, 7168},
+        {"o_proj/4", 7168, 2048},   {"k_proj/4", 512, 7168},   {"lm_head", 202048, 7168},
+        {"lm_head/4", 50512, 7168},
     };
-    static const int tokens[] = {1, 4, 64};
+    static const int tokens[] = {1, 2, 4, 8, 64};
     const char *name = argc > 1 ? argv[1] : "cuda";
     FILE *json = argc > 2 ? fopen(argv[2], "w") : NULL;
     if (argc > 2 && !json) {
@@ -78,7 +79,7 @@ int main(int argc, char **argv) {
     printf("%-9s %5s %5s %3s  %9s %9s  %8s %8s  %7s  %s\n", "weight", "rows", "cols", "n",
            "bf16 us", "mxfp8 us", "bf16 GB/s", "mx GB/s", "speedup", "max diff");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        const int m = shapes[s].m, kk = shapes[s].k, nmax = tokens[2];
+        const int m = shapes[s].m, kk = shapes[s].k, nmax = tokens[4];
         const size_t count = (size_t)m * kk;
         struct tmx_tensor mx = {TMX_DTYPE_MXFP8, 2, {m, kk}, NULL}, bf = mx, dmx, dbf;
         bf.dtype = TMX_DTYPE_BF16;
