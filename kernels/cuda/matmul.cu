@@ -253,9 +253,12 @@ __device__ __forceinline__ void e4m3_to_f32x(const uint32_t (&q)[N], float (&v)[
  * contiguous piece. The warps' sums meet in shared memory. (One warp a row, as gemv_kernel,
  * read the codes at half the rate gemv_kernel reads BF16: docs/perf/h200.md.) A block's sum of
  * codes times x, in f32, is scaled by its 2^(s - 127); the block scales of a step, a lane each,
- * go round by shuffles. w: codes [m][k], then scales [m][k / 32]. VEC: 16-byte loads of x. */
+ * go round by shuffles. w: codes [m][k], then scales [m][k / 32]. VEC: 16-byte loads of x.
+ * At 2 tokens 3 blocks share an SM (96 registers -> 80): 10-20% faster on the 816B model's
+ * large projections and lm_head; at 1, 4 and 8 tokens a bound measured no better, so there is
+ * none (0) (H200, docs/perf/h200.md). */
 template <int NT, bool VEC>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 2 ? 3 : 0)
 mxfp8_gemv_kernel(float *__restrict__ y, const float *__restrict__ x,
                   const uint8_t *__restrict__ w, int n, int m, int k) {
     __shared__ float red[GEMV_WARPS][MX_ROWS][NT];
