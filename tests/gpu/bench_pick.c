@@ -8,12 +8,16 @@
  *     tmx-bench-pick [KERNELS [OUT.json]]      (default cuda)
  *
  * Logits are random in [-8, 8]. Each way runs REPEAT times, each a full round trip (the read
- * waits for the device, as a step's does); the table gives microseconds a step. Exits 1 if the
- * two ways pick different ids or an op fails. */
+ * waits for the device, as a step's does); the table gives microseconds a step. A second table
+ * gives the set's copies between the device and pageable host memory, which the second way
+ * rides on: buf_write and buf_read of 64 KiB to 256 MiB, and weight_import of a 1 GiB BF16
+ * weight, in GB/s. Exits 1 if the two ways pick different ids, a copy comes back changed or an
+ * op fails. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "tmx/config.h"
@@ -33,6 +37,58 @@ static int32_t host_argmax(const float *x, int d) {
     for (int32_t i = 0; i < d; i++)
         if (!isnan(x[i]) && (at < 0 || x[i] > x[at])) at = i;
     return at < 0 ? 0 : at;
+}
+
+/* GB/s of buf_write and buf_read at several sizes and of one weight_import; 1 on a failure or
+ * a copy that comes back different. */
+static int copies(const struct tmx_kernels *k, FILE *json) {
+    static const size_t sizes[] = {(size_t)64 << 10, (size_t)1 << 20, (size_t)16 << 20,
+                                   (size_t)256 << 20};
+    const size_t max = (size_t)1 << 30;
+    unsigned char *a = malloc(max), *b = malloc(max);
+    void *dev = NULL;
+    int failed = !a || !b || k->ops->buf_alloc(k->ctx, max, &dev) != TMX_OK;
+    for (size_t i = 0; !failed && i < max; i++) a[i] = (unsigned char)(i * 2654435761u >> 13);
+    printf("\n%11s  %9s %9s\n", "copy bytes", "write GB/s", "read GB/s");
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0] && !failed; s++) {
+        const size_t n = sizes[s];
+        const int reps = n <= ((size_t)1 << 20) ? 200 : n <= ((size_t)16 << 20) ? 20 : 3;
+        double t0 = now_s();
+        for (int r = 0; r < reps && !failed; r++)
+            failed |= k->ops->buf_write(k->ctx, dev, a, n) != TMX_OK;
+        failed |= k->ops->sync(k->ctx) != TMX_OK;
+        const double tw = (now_s() - t0) / reps;
+        t0 = now_s();
+        for (int r = 0; r < reps && !failed; r++)
+            failed |= k->ops->buf_read(k->ctx, b, dev, n) != TMX_OK;
+        const double tr = (now_s() - t0) / reps;
+        failed |= memcmp(a, b, n) != 0;
+        printf("%11zu  %9.2f %9.2f%s\n", n, n / tw * 1e-9, n / tr * 1e-9,
+               failed ? "  FAIL" : "");
+        if (json)
+            fprintf(json, "%s\n {\"bytes\": %zu, \"write_gb_s\": %.3f, \"read_gb_s\": %.3f}",
+                    s ? "," : "", n, n / tw * 1e-9, n / tr * 1e-9);
+    }
+    struct tmx_tensor host = {TMX_DTYPE_BF16, 2, {(int64_t)(max / 2 / 16384), 16384}, a}, w;
+    char *err = NULL;
+    const double t0 = now_s();
+    if (!failed && k->ops->weight_import(k->ctx, &host, &w, &err) == TMX_OK) {
+        const double t = now_s() - t0;
+        failed |= k->ops->buf_read(k->ctx, b, w.data, max) != TMX_OK || memcmp(a, b, max) != 0;
+        printf("weight_import of %zu bytes: %.2f GB/s%s\n", max, max / t * 1e-9,
+               failed ? "  FAIL" : "");
+        if (json) fprintf(json, ",\n {\"weight_import_bytes\": %zu, \"gb_s\": %.3f}", max,
+                          max / t * 1e-9);
+        k->ops->weight_free(k->ctx, &w);
+    } else if (!failed) {
+        fprintf(stderr, "tmx-bench-pick: weight_import: %s\n", err ? err : "failed");
+        failed = 1;
+    }
+    free(err);
+    if (dev) k->ops->buf_free(k->ctx, dev);
+    free(a);
+    free(b);
+    return failed;
 }
 
 int main(int argc, char **argv) {
@@ -104,6 +160,8 @@ int main(int argc, char **argv) {
                         t_dev * 1e6, t_host * 1e6, same ? "true" : "false");
         }
     }
+    if (json) fprintf(json, "\n], \"copies\": [");
+    failed |= copies(&k, json);
     if (json) {
         fprintf(json, "\n]}\n");
         fclose(json);
