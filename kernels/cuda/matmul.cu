@@ -204,11 +204,13 @@ gemv_split_kernel(float *__restrict__ y, const float *__restrict__ x, const void
  * weight at copy speed in gemv_kernel; more tokens, or fewer rows, go faster in
  * gemv_split_kernel (H200: 1.3-3.5x at 4 tokens, 1.4x at one token on 512 rows; 1.3-1.5x
  * slower at one token on 2,048 rows and more: docs/perf/h200.md), where k and the addresses
- * allow it. */
+ * allow it. Two tokens over rows shorter than a block's 8 steps of SK_STEP, which leave warps
+ * idle, stay in gemv_kernel too (o_proj of a TP-4 rank, k = 2,048: 18% faster there). */
 template <int DT, int NT>
 static void gemv_pick(struct cu_ctx *c, float *y, const float *x, const void *w, int n, int m,
                       int k) {
-    if ((n > 1 || m < 1024) && k % 4 == 0 && ((uintptr_t)x & 15) == 0 &&
+    const int wide = m >= 1024, short_k = k < GEMV_WARPS * SK_STEP;
+    if (!(wide && (n == 1 || (n == 2 && short_k))) && k % 4 == 0 && ((uintptr_t)x & 15) == 0 &&
         ((uintptr_t)w & 15) == 0) {
         dim3 grid((unsigned)((m + SK_ROWS - 1) / SK_ROWS), (unsigned)((n + NT - 1) / NT));
         gemv_split_kernel<DT, NT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, n, m, k);
