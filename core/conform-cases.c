@@ -172,6 +172,25 @@ const struct spec tmx_conform_specs[] = {
     {"argmax/n64-d32000", OP_ARGMAX, F32, 0, .n = 64, .d = 32000},
     {"argmax/ties/n7-d40999", OP_ARGMAX, F32, TIES, .n = 7, .d = 40999},
     {"argmax/special/n8-d9000", OP_ARGMAX, F32, SPECIAL, .n = 8, .d = 9000},
+
+    /* q, k and v of a TP-4 rank of a small model; the router, bridge and shared gate and up */
+    {"matmul_multi/bf16/n1-qkv", OP_MATMUL_MULTI, BF16, 0, .n = 1, .d = 1024,
+     .rows = {512, 128, 128}},
+    {"matmul_multi/bf16/n4-qkv", OP_MATMUL_MULTI, BF16, 0, .n = 4, .d = 1024,
+     .rows = {512, 128, 128}},
+    {"matmul_multi/bf16/n1-wide", OP_MATMUL_MULTI, BF16, 0, .n = 1, .d = 256,
+     .rows = {1000, 37, 3, 100}},
+    {"matmul_multi/f32/n3-odd", OP_MATMUL_MULTI, F32, 0, .n = 3, .d = 61, .rows = {37, 9}},
+    {"matmul_multi/f16/n8-four", OP_MATMUL_MULTI, F16, 0, .n = 8, .d = 4100,
+     .rows = {13, 2, 7, 33}},
+    {"matmul_multi/mxfp8/n2-qkv", OP_MATMUL_MULTI, MX, 0, .n = 2, .d = 1024,
+     .rows = {512, 128, 128}},
+    {"matmul_multi/mxfp8/n1-wide", OP_MATMUL_MULTI, MX, 0, .n = 1, .d = 4096,
+     .rows = {1024, 256, 37}},
+    {"matmul_multi/mixed/n2", OP_MATMUL_MULTI, BF16, MIXED, .n = 2, .d = 128,
+     .rows = {64, 16, 48}},
+    {"matmul_multi/bf16/n20-prefill", OP_MATMUL_MULTI, BF16, 0, .n = 20, .d = 192,
+     .rows = {96, 32, 32}},
 };
 
 const size_t tmx_conform_n_specs = sizeof tmx_conform_specs / sizeof tmx_conform_specs[0];

@@ -10,6 +10,7 @@
 enum conform_op {
     OP_EMBED, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_KV_STORE, OP_ATTENTION, OP_MOE_ROUTE,
     OP_MOE_EXPERTS, OP_SWIGLU, OP_ADD_GATED, OP_GATHER, OP_MOE_EXPERTS_PARTIAL, OP_MOE_COMBINE, OP_ARGMAX,
+    OP_MATMUL_MULTI,
 };
 
 /* Variant flags. */
@@ -23,6 +24,7 @@ enum conform_op {
 #define SMALL 32u       /* rmsnorm: inputs near zero, where eps matters */
 #define WIDE 64u        /* kv_store: inputs over many binades, down to F8 subnormals */
 #define SPECIAL 128u    /* argmax: NaN and infinities, rows of NaN only and of -inf only */
+#define MIXED 256u      /* matmul_multi: weight 1 in F32, the others in dt */
 
 struct spec {
     const char *name;
@@ -39,6 +41,7 @@ struct spec {
     int n_exp, top_k, expert0; /* moe_route, moe_experts */
     int latent, inter;         /* moe_experts */
     float scale;               /* moe_route: routed_scaling_factor */
+    int rows[4];               /* matmul_multi: rows of each weight (0: no more), d columns */
 };
 
 extern const struct spec tmx_conform_specs[];

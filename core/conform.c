@@ -44,6 +44,8 @@ struct tmx_conform_case {
 
     void *arg[5];             /* device addresses of the op's arrays, in the setup's order */
     struct tmx_tensor w;      /* the op's weight, when it has one */
+    struct tmx_tensor wm[4];  /* matmul_multi's weights */
+    int n_wm;
     struct tmx_moe_weights moe;
     struct tmx_kv_cache kv;   /* kv_store, attention: device addresses */
     int max_blocks;           /* attention: entries of a block table */
@@ -304,6 +306,39 @@ static enum tmx_status matmul_new(struct tmx_conform_case *c) {
 
 static void matmul_run(struct tmx_conform_case *c) {
     c->ops->matmul(c->ctx, c->arg[1], c->arg[0], &c->w, c->s->n);
+}
+
+/* --- matmul_multi ----------------------------------------------------------------------------- */
+
+/* Weights of spec rows[] rows sharing x; each output's reference is its own matmul. */
+static enum tmx_status matmul_multi_new(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    const float *x = input(c, (size_t)s->n * s->d, -1, 1, &c->arg[0]);
+    if (!x) return c->status;
+    for (c->n_wm = 0; c->n_wm < 4 && s->rows[c->n_wm] > 0; c->n_wm++) {
+        const int i = c->n_wm, m = s->rows[i];
+        const enum tmx_dtype dt = s->flags & MIXED && i == 1 ? TMX_DTYPE_F32 : s->dt;
+        const double *w = dt == TMX_DTYPE_MXFP8 ? weight_mxfp8(c, m, s->d, &c->wm[i])
+                                                : weight(c, dt, m, s->d, -1, 1, &c->wm[i]);
+        c->arg[1 + i] = buffer(c, (size_t)s->n * m * sizeof(float));
+        double *ref = output(c, c->arg[1 + i], (size_t)s->n * m, TMX_DTYPE_F32);
+        if (!w || !ref) return c->status;
+        for (int t = 0; t < s->n; t++)
+            for (int r = 0; r < m; r++) {
+                double acc = 0;
+                for (int j = 0; j < s->d; j++)
+                    acc += w[(size_t)r * s->d + j] * x[(size_t)t * s->d + j];
+                ref[(size_t)t * m + r] = acc;
+            }
+    }
+    return TMX_OK;
+}
+
+static void matmul_multi_run(struct tmx_conform_case *c) {
+    float *ys[4];
+    const struct tmx_tensor *ws[4];
+    for (int i = 0; i < c->n_wm; i++) ys[i] = c->arg[1 + i], ws[i] = &c->wm[i];
+    c->ops->matmul_multi(c->ctx, ys, c->arg[0], ws, c->n_wm, c->s->n);
 }
 
 /* --- rope ------------------------------------------------------------------------------------- */
@@ -929,6 +964,8 @@ static const struct {
     [OP_MOE_COMBINE] = {"moe_combine", offsetof(struct tmx_kernels_i, moe_combine), 1e-5,
                         moe_combine_new, moe_combine_run},
     [OP_ARGMAX] = {"argmax", offsetof(struct tmx_kernels_i, argmax), 0, argmax_new, argmax_run},
+    [OP_MATMUL_MULTI] = {"matmul_multi", offsetof(struct tmx_kernels_i, matmul_multi), 1e-5,
+                         matmul_multi_new, matmul_multi_run},
 };
 
 /* Whether the set's table is large enough to hold the op and the op is non-NULL. */

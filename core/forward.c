@@ -471,6 +471,18 @@ static enum tmx_status reduce(struct tmx_model *m, float *buf, size_t count, cha
 /* The routed experts of layer l: dense experts through the kernel set, or the codec's, on the
  * device or on host memory, into kv->y. With several ranks, each pair's partial y_e into
  * kv->part [n][k][latent] instead (the load refused a codec device path then). */
+/* ys[i][n][..] = x . ws[i]^T for the count weights that share x: one matmul_multi where the
+ * kernel set has it, so that it may run them as one. */
+static void matmuls(struct tmx_model *m, float *const *ys, const float *x,
+                    const struct tmx_tensor *const *ws, int count, int n) {
+    const struct tmx_kernels_i *op = m->k->ops;
+    if (TMX_OPS_HAS(op, matmul_multi)) {
+        op->matmul_multi(m->k->ctx, ys, x, ws, count, n);
+        return;
+    }
+    for (int i = 0; i < count; i++) op->matmul(m->k->ctx, ys[i], x, ws[i], n);
+}
+
 static enum tmx_status experts(struct tmx_model *m, const struct layer *ly, int n, char **err) {
     const struct tmx_model_config *c = &m->cfg;
     const struct tmx_kernels_i *op = m->k->ops;
@@ -514,10 +526,12 @@ static enum tmx_status moe_block(struct tmx_model *m, const struct layer *ly, in
     void *kc = m->k->ctx;
     const int D = c->hidden, K = c->n_experts_per_tok, lat = c->moe_latent_size;
     const int tp = m->tp.n > 1;
-    op->matmul(kc, kv->rl, kv->x, &ly->router, n);
+    /* the router, the bridge in and the shared expert's gate and up all read x */
+    matmuls(m, (float *[]){kv->rl, kv->z, kv->f1, kv->f2}, kv->x,
+            (const struct tmx_tensor *[]){&ly->router, &ly->bridge_in, &ly->gate, &ly->up},
+            ly->gate.data ? 4 : 2, n);
     op->moe_route(kc, kv->rid, kv->rw, kv->rl, opt(&ly->router_bias), n, c->n_routed_experts, K,
                   c->router_score, c->norm_topk_prob, (float)c->routed_scaling_factor);
-    op->matmul(kc, kv->z, kv->x, &ly->bridge_in, n);
     if (m->capture) { /* calibration, one rank: the buffers are host memory (set_capture) */
         const struct tmx_moe_capture cap = {l, n, K, kv->x, kv->z, kv->rid, kv->rw};
         enum tmx_status st = op->sync(kc);
@@ -533,10 +547,8 @@ static enum tmx_status moe_block(struct tmx_model *m, const struct layer *ly, in
     if (st != TMX_OK && *failed == TMX_OK) *failed = st;
     if (*failed) err = NULL; /* the message is the first failure's */
     float *shared = tp ? kv->part + (size_t)n * K * lat : kv->x; /* [n][D] */
-    if (ly->gate.data) { /* shared expert on the hidden state */
+    if (ly->gate.data) { /* shared expert on the hidden state, its gate and up done above */
         const int64_t f = ly->gate.shape[0];
-        op->matmul(kc, kv->f1, kv->x, &ly->gate, n);
-        op->matmul(kc, kv->f2, kv->x, &ly->up, n);
         op->swiglu(kc, kv->f1, kv->f1, kv->f2, n * f);
         op->matmul(kc, shared, kv->f1, &ly->down, n);
     }
@@ -576,9 +588,8 @@ static enum tmx_status forward_step(struct tmx_model *m, int n, enum tmx_status 
 
         /* attention over this rank's heads */
         op->rmsnorm(kc, kv->x, kv->h, &ly->attn_norm, n, D, eps);
-        op->matmul(kc, kv->q, kv->x, &ly->wq, n);
-        op->matmul(kc, kv->kk, kv->x, &ly->wk, n);
-        op->matmul(kc, kv->vv, kv->x, &ly->wv, n);
+        matmuls(m, (float *[]){kv->q, kv->kk, kv->vv}, kv->x,
+                (const struct tmx_tensor *[]){&ly->wq, &ly->wk, &ly->wv}, 3, n);
         if (ly->q_norm.data) op->rmsnorm(kc, kv->q, kv->q, &ly->q_norm, n * hq, hd, eps);
         if (ly->k_norm.data) op->rmsnorm(kc, kv->kk, kv->kk, &ly->k_norm, n * hkv, hd, eps);
         const float *freqs = c->sliding[l] ? m->inv_freq_local : m->inv_freq_full;
@@ -595,8 +606,8 @@ static enum tmx_status forward_step(struct tmx_model *m, int n, enum tmx_status 
         op->rmsnorm(kc, kv->x, kv->h, &ly->mlp_norm, n, D, eps);
         if (c->dense[l]) {
             const int64_t f = ly->gate.shape[0];
-            op->matmul(kc, kv->f1, kv->x, &ly->gate, n);
-            op->matmul(kc, kv->f2, kv->x, &ly->up, n);
+            matmuls(m, (float *[]){kv->f1, kv->f2}, kv->x,
+                    (const struct tmx_tensor *[]){&ly->gate, &ly->up}, 2, n);
             op->swiglu(kc, kv->f1, kv->f1, kv->f2, n * f);
             op->matmul(kc, kv->o, kv->f1, &ly->down, n);
             st = reduce(m, kv->o, (size_t)n * D, *failed ? NULL : err);

@@ -137,6 +137,8 @@ static inline float cpu_dot(const float *a, const float *b, int n) {
 void cpu_matmul_block(float *y, int64_t ldy, const float *x, const void *w, enum tmx_dtype dt,
                       int64_t k, int64_t r0, int64_t r1, int64_t t0, int64_t t1);
 void cpu_matmul(void *ctx, float *y, const float *x, const struct tmx_tensor *w, int n);
+void cpu_matmul_multi(void *ctx, float *const *ys, const float *x,
+                      const struct tmx_tensor *const *ws, int count, int n);
 
 /* rows.c */
 void cpu_embed(void *ctx, float *out, const struct tmx_tensor *table, const int32_t *ids, int n);

@@ -117,3 +117,17 @@ void cpu_matmul(void *ctx, float *y, const float *x, const struct tmx_tensor *w,
     int64_t tasks = (j.m + j.rows_per_task - 1) / j.rows_per_task * j.token_tasks;
     cpu_pool_run(c->pool, tasks, matmul_task, &j);
 }
+
+/* One after another: each matmul already spreads its row blocks over the pool. */
+void cpu_matmul_multi(void *ctx, float *const *ys, const float *x,
+                      const struct tmx_tensor *const *ws, int count, int n) {
+    struct cpu_ctx *c = ctx;
+    if (count < 1 || count > 4) {
+        cpu_fail(c, TMX_ERR_INVALID, "matmul_multi: %d weights, want 1 to 4", count);
+        return;
+    }
+    if (!cpu_check_weight(c, "matmul_multi", "weight", ws[0], 2, 0, 0)) return;
+    for (int i = 1; i < count; i++)
+        if (!cpu_check_weight(c, "matmul_multi", "weight", ws[i], 2, 0, ws[0]->shape[1])) return;
+    for (int i = 0; i < count; i++) cpu_matmul(ctx, ys[i], x, ws[i], n);
+}

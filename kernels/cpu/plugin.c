@@ -236,6 +236,7 @@ static const struct tmx_kernels_i cpu_ops = {
     .moe_experts_partial = cpu_moe_experts_partial,
     .moe_combine = cpu_moe_combine,
     .argmax = cpu_argmax,
+    .matmul_multi = cpu_matmul_multi,
 };
 
 static const struct tmx_option cpu_options[] = {

@@ -91,6 +91,8 @@ void cu_argmax(void *ctx, int32_t *ids, float *best, const float *x, int rows, i
 
 /* matmul.cu */
 void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_tensor *w, int n);
+void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
+                     const struct tmx_tensor *const *ws, int count, int n);
 
 /* attention.cu */
 void cu_rope(void *ctx, float *x, const int32_t *pos, const float *inv_freq, int n, int heads,

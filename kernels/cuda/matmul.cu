@@ -20,14 +20,48 @@
 
 #include "cuda-dev.cuh"
 
-#define GEMV_WARPS 8 /* weight rows per block: one per warp */
+#define GEMV_WARPS 8 /* warps of a GEMV block */
+#define GEMV_MAX 4   /* weights one GEMV launch takes (matmul_multi) */
+
+/* The weights of one GEMV launch, which share x and k: y[i][n][m[i]] = x . w[i]^T, weight i
+ * taking the grid's blocks [first[i], first[i + 1]) along x, so that no block straddles two. */
+struct gemv_set {
+    const void *w[GEMV_MAX];
+    float *y[GEMV_MAX];
+    int m[GEMV_MAX];
+    int first[GEMV_MAX + 1];
+    int count;
+};
+
+/* The set for a kernel of `rows` weight rows a block. */
+static gemv_set gemv_set_of(float *const *y, const void *const *w, const int *m, int count,
+                            int rows) {
+    gemv_set s = {};
+    s.count = count;
+    for (int i = 0; i < count; i++) {
+        s.w[i] = w[i], s.y[i] = y[i], s.m[i] = m[i];
+        s.first[i + 1] = s.first[i] + (m[i] + rows - 1) / rows;
+    }
+    return s;
+}
+
+/* Which weight of s block b computes. */
+__device__ __forceinline__ int gemv_which(const gemv_set &s, int b) {
+    int i = 0;
+    while (i + 1 < s.count && b >= s.first[i + 1]) i++;
+    return i;
+}
 
 /* One warp per weight row r, for the tokens [t0, t0 + nt) of this block's group, nt <= NT.
- * VEC: 16-byte loads (k a multiple of 8 and x 16-byte aligned, checked by the caller). */
+ * VEC: 16-byte loads (k a multiple of 8 and x and the weights 16-byte aligned, checked by the
+ * caller). */
 template <int DT, int NT, bool VEC>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(float *y, const float *x, const void *w, int n, int m, int k) {
-    int r = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+gemv_kernel(const gemv_set ws, const float *x, int n, int k) {
+    const int i = gemv_which(ws, blockIdx.x), m = ws.m[i];
+    const void *w = ws.w[i];
+    float *y = ws.y[i];
+    int r = (blockIdx.x - ws.first[i]) * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     int t0 = blockIdx.y * NT, nt = n - t0 < NT ? n - t0 : NT;
     if (r >= m) return;
     float acc[NT];
@@ -77,15 +111,22 @@ gemv_kernel(float *y, const float *x, const void *w, int n, int m, int k) {
     }
 }
 
+/* Whether x and every weight are 16-byte aligned. */
+static bool aligned16(const float *x, const void *const *w, int count) {
+    uintptr_t bits = (uintptr_t)x;
+    for (int i = 0; i < count; i++) bits |= (uintptr_t)w[i];
+    return (bits & 15) == 0;
+}
+
 template <int DT, int NT>
-static void gemv_launch(struct cu_ctx *c, float *y, const float *x, const void *w, int n, int m,
-                        int k) {
-    dim3 grid((unsigned)((m + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + NT - 1) / NT));
-    bool vec = k % 8 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
-    if (vec)
-        gemv_kernel<DT, NT, true><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, n, m, k);
+static void gemv_launch(struct cu_ctx *c, float *const *y, const float *x, const void *const *w,
+                        const int *m, int count, int n, int k) {
+    const gemv_set s = gemv_set_of(y, w, m, count, GEMV_WARPS);
+    dim3 grid((unsigned)s.first[count], (unsigned)((n + NT - 1) / NT));
+    if (k % 8 == 0 && aligned16(x, w, count))
+        gemv_kernel<DT, NT, true><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k);
     else
-        gemv_kernel<DT, NT, false><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, n, m, k);
+        gemv_kernel<DT, NT, false><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k);
 }
 
 #define SK_ROWS 2    /* weight rows of a split-k block, whose GEMV_WARPS warps split k */
@@ -138,10 +179,13 @@ template <int DT> struct held<DT, false> {
  * on the 816B model's projections and lm_head, docs/perf/h200.md). */
 template <int DT, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, NT <= 4 ? 3 : 2)
-gemv_split_kernel(float *__restrict__ y, const float *__restrict__ x, const void *__restrict__ w,
-                  int n, int m, int k) {
+gemv_split_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k) {
     __shared__ float red[GEMV_WARPS][SK_ROWS][NT];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = blockIdx.x * SK_ROWS;
+    const int which = gemv_which(ws, blockIdx.x), m = ws.m[which];
+    const void *__restrict__ w = ws.w[which];
+    float *__restrict__ y = ws.y[which];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r0 = (blockIdx.x - ws.first[which]) * SK_ROWS;
     const int t0 = blockIdx.y * NT, nt = min(n - t0, NT), rows = min(m - r0, SK_ROWS);
     const int stride = GEMV_WARPS * SK_STEP;
     typedef held<DT, NT <= 4> hold;
@@ -207,25 +251,29 @@ gemv_split_kernel(float *__restrict__ y, const float *__restrict__ x, const void
  * allow it. Two tokens over rows shorter than a block's 8 steps of SK_STEP, which leave warps
  * idle, stay in gemv_kernel too (o_proj of a TP-4 rank, k = 2,048: 18% faster there). */
 template <int DT, int NT>
-static void gemv_pick(struct cu_ctx *c, float *y, const float *x, const void *w, int n, int m,
-                      int k) {
-    const int wide = m >= 1024, short_k = k < GEMV_WARPS * SK_STEP;
-    if (!(wide && (n == 1 || (n == 2 && short_k))) && k % 4 == 0 && ((uintptr_t)x & 15) == 0 &&
-        ((uintptr_t)w & 15) == 0) {
-        dim3 grid((unsigned)((m + SK_ROWS - 1) / SK_ROWS), (unsigned)((n + NT - 1) / NT));
-        gemv_split_kernel<DT, NT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, n, m, k);
+static void gemv_pick(struct cu_ctx *c, float *const *y, const float *x, const void *const *w,
+                      const int *m, int count, int n, int k) {
+    int rows = 0;
+    for (int i = 0; i < count; i++) rows += m[i];
+    const int wide = rows >= 1024, short_k = k < GEMV_WARPS * SK_STEP;
+    if (!(wide && (n == 1 || (n == 2 && short_k))) && k % 4 == 0 && aligned16(x, w, count)) {
+        const gemv_set s = gemv_set_of(y, w, m, count, SK_ROWS);
+        dim3 grid((unsigned)s.first[count], (unsigned)((n + NT - 1) / NT));
+        gemv_split_kernel<DT, NT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k);
     } else {
-        gemv_launch<DT, NT>(c, y, x, w, n, m, k);
+        gemv_launch<DT, NT>(c, y, x, w, m, count, n, k);
     }
 }
 
-/* Token rows go in groups of 1, 2, 4 or 8 (the smallest that holds n, else 8). */
+/* y[i] = x . w[i]^T for the count weights (of one dtype, [m[i]][k] each), in one launch. Token
+ * rows go in groups of 1, 2, 4 or 8 (the smallest that holds n, else 8). */
 template <int DT>
-static void gemv(struct cu_ctx *c, float *y, const float *x, const void *w, int n, int m, int k) {
-    if (n == 1) gemv_pick<DT, 1>(c, y, x, w, n, m, k);
-    else if (n == 2) gemv_pick<DT, 2>(c, y, x, w, n, m, k);
-    else if (n <= 4) gemv_pick<DT, 4>(c, y, x, w, n, m, k);
-    else gemv_pick<DT, 8>(c, y, x, w, n, m, k);
+static void gemv(struct cu_ctx *c, float *const *y, const float *x, const void *const *w,
+                 const int *m, int count, int n, int k) {
+    if (n == 1) gemv_pick<DT, 1>(c, y, x, w, m, count, n, k);
+    else if (n == 2) gemv_pick<DT, 2>(c, y, x, w, m, count, n, k);
+    else if (n <= 4) gemv_pick<DT, 4>(c, y, x, w, m, count, n, k);
+    else gemv_pick<DT, 8>(c, y, x, w, m, count, n, k);
 }
 
 /* 2^(s - 127) for a UE8M0 scale byte s, exact (s = 255, OCP's NaN, is no scale tmx writes). */
@@ -261,10 +309,13 @@ __device__ __forceinline__ void e4m3_to_f32x(const uint32_t (&q)[N], float (&v)[
  * none (0) (H200, docs/perf/h200.md). */
 template <int NT, bool VEC>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 2 ? 3 : 0)
-mxfp8_gemv_kernel(float *__restrict__ y, const float *__restrict__ x,
-                  const uint8_t *__restrict__ w, int n, int m, int k) {
+mxfp8_gemv_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k) {
     __shared__ float red[GEMV_WARPS][MX_ROWS][NT];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = blockIdx.x * MX_ROWS;
+    const int which = gemv_which(ws, blockIdx.x), m = ws.m[which];
+    const uint8_t *__restrict__ w = (const uint8_t *)ws.w[which];
+    float *__restrict__ y = ws.y[which];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r0 = (blockIdx.x - ws.first[which]) * MX_ROWS;
     const int t0 = blockIdx.y * NT, nt = min(n - t0, NT), rows = min(m - r0, MX_ROWS);
     const int nb = k / 32, stride = GEMV_WARPS * MX_STEP;
     float acc[MX_ROWS][NT] = {};
@@ -339,21 +390,23 @@ mxfp8_gemv_kernel(float *__restrict__ y, const float *__restrict__ x,
 }
 
 template <int NT>
-static void mxfp8_gemv_launch(struct cu_ctx *c, float *y, const float *x, const uint8_t *w, int n,
-                              int m, int k) {
-    dim3 grid((unsigned)((m + MX_ROWS - 1) / MX_ROWS), (unsigned)((n + NT - 1) / NT));
+static void mxfp8_gemv_launch(struct cu_ctx *c, float *const *y, const float *x,
+                              const void *const *w, const int *m, int count, int n, int k) {
+    const gemv_set s = gemv_set_of(y, w, m, count, MX_ROWS);
+    dim3 grid((unsigned)s.first[count], (unsigned)((n + NT - 1) / NT));
     if (((uintptr_t)x & 15) == 0)
-        mxfp8_gemv_kernel<NT, true><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, n, m, k);
+        mxfp8_gemv_kernel<NT, true><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k);
     else
-        mxfp8_gemv_kernel<NT, false><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, n, m, k);
+        mxfp8_gemv_kernel<NT, false><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k);
 }
 
-static void mxfp8_gemv(struct cu_ctx *c, float *y, const float *x, const uint8_t *w, int n, int m,
-                       int k) {
-    if (n == 1) mxfp8_gemv_launch<1>(c, y, x, w, n, m, k);
-    else if (n == 2) mxfp8_gemv_launch<2>(c, y, x, w, n, m, k);
-    else if (n <= 4) mxfp8_gemv_launch<4>(c, y, x, w, n, m, k);
-    else mxfp8_gemv_launch<8>(c, y, x, w, n, m, k);
+/* gemv's for MXFP8 weights. */
+static void mxfp8_gemv(struct cu_ctx *c, float *const *y, const float *x, const void *const *w,
+                       const int *m, int count, int n, int k) {
+    if (n == 1) mxfp8_gemv_launch<1>(c, y, x, w, m, count, n, k);
+    else if (n == 2) mxfp8_gemv_launch<2>(c, y, x, w, m, count, n, k);
+    else if (n <= 4) mxfp8_gemv_launch<4>(c, y, x, w, m, count, n, k);
+    else mxfp8_gemv_launch<8>(c, y, x, w, m, count, n, k);
 }
 
 /* MXFP8 [count / k][k] (codes, then scales) -> its BF16 values, as tmx_mxfp8_to_bf16: a thread
@@ -448,41 +501,79 @@ static int lt_matmul_bf16(struct cu_ctx *c, char *s, float *y, const float *x, c
     return 1;
 }
 
+/* A matmul weight: F32/BF16/F16 (cu_check_weight) or one imported as MXFP8, its sizes within an
+ * int. 0 (failure recorded against op) otherwise. */
+static int check_matmul(struct cu_ctx *c, const char *op, const struct tmx_tensor *w, int n) {
+    const int mx = w && w->data && w->dtype == TMX_DTYPE_MXFP8; /* weight_import checked it */
+    if (!mx && !cu_check_weight(c, op, "weight", w, 2, 0, 0)) return 0;
+    if (n >= 0 && w->shape[0] <= INT32_MAX && w->shape[1] <= INT32_MAX) return 1;
+    cu_fail(c, TMX_ERR_INVALID, "%s: n = %d, weight [%lld][%lld]", op, n, (long long)w->shape[0],
+            (long long)w->shape[1]);
+    return 0;
+}
+
 extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_tensor *w, int n) {
     struct cu_ctx *c = (struct cu_ctx *)ctx;
-    const int mx = w && w->data && w->dtype == TMX_DTYPE_MXFP8; /* weight_import checked it */
-    if (!cu_enter(c, "matmul") || (!mx && !cu_check_weight(c, "matmul", "weight", w, 2, 0, 0)))
-        return;
-    if (n < 0 || w->shape[0] > INT32_MAX || w->shape[1] > INT32_MAX) {
-        cu_fail(c, TMX_ERR_INVALID, "matmul: n = %d, weight [%lld][%lld]", n,
-                (long long)w->shape[0], (long long)w->shape[1]);
-        return;
-    }
-    if (n == 0) return;
+    if (!cu_enter(c, "matmul") || !check_matmul(c, "matmul", w, n) || n == 0) return;
     int m = (int)w->shape[0], k = (int)w->shape[1];
+    const void *wd = w->data;
     const size_t split = 2 * align256((size_t)n * k * 2); /* the hi/lo split's scratch */
-    if (mx) {
+    if (w->dtype == TMX_DTYPE_MXFP8) {
         if (n <= 8) {
-            mxfp8_gemv(c, y, x, (const uint8_t *)w->data, n, m, k);
+            mxfp8_gemv(c, &y, x, &wd, &m, 1, n, k);
         } else { /* the BF16 values after the split's scratch, then as a BF16 weight */
             const int64_t count = (int64_t)m * k;
             char *s = (char *)cu_scratch(c, split + align256((size_t)count * 2), "matmul");
             if (!s) return;
-            __nv_bfloat16 *wb = (__nv_bfloat16 *)(s + split);
+            const void *wb = s + split;
             mxfp8_to_bf16_kernel<<<blocks_for(count / 16, 256), 256, 0, c->stream>>>(
                 (uint4 *)wb, (const uint4 *)w->data, count);
             if (!cu_check_launch(c, "matmul") || lt_matmul_bf16(c, s, y, x, wb, n, m, k)) return;
-            gemv<TMX_DTYPE_BF16>(c, y, x, wb, n, m, k);
+            gemv<TMX_DTYPE_BF16>(c, &y, x, &wb, &m, 1, n, k);
         }
         cu_check_launch(c, "matmul");
         return;
     }
-    if (n > 8 && w->dtype == TMX_DTYPE_F32 && lt_matmul(c, CUDA_R_32F, w->data, x, y, n, m, k, 0))
+    if (n > 8 && w->dtype == TMX_DTYPE_F32 && lt_matmul(c, CUDA_R_32F, wd, x, y, n, m, k, 0))
         return;
     if (n > 8 && w->dtype == TMX_DTYPE_BF16) {
         char *s = (char *)cu_scratch(c, split, "matmul");
-        if (!s || lt_matmul_bf16(c, s, y, x, w->data, n, m, k)) return;
+        if (!s || lt_matmul_bf16(c, s, y, x, wd, n, m, k)) return;
     }
-    CU_DISPATCH_W(w->dtype, gemv<DT>(c, y, x, w->data, n, m, k));
+    CU_DISPATCH_W(w->dtype, gemv<DT>(c, &y, x, &wd, &m, 1, n, k));
     cu_check_launch(c, "matmul");
+}
+
+/* Decode (n <= 8) of weights of one dtype: one GEMV launch for them all, which saves launches
+ * and fills the GPU where each alone would not (a TP rank's k_proj and v_proj, 512 rows each).
+ * Otherwise one matmul each. */
+extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
+                                const struct tmx_tensor *const *ws, int count, int n) {
+    struct cu_ctx *c = (struct cu_ctx *)ctx;
+    if (!cu_enter(c, "matmul_multi")) return;
+    if (count < 1 || count > GEMV_MAX) {
+        cu_fail(c, TMX_ERR_INVALID, "matmul_multi: %d weights, want 1 to %d", count, GEMV_MAX);
+        return;
+    }
+    int m[GEMV_MAX], one = n <= 8;
+    const void *w[GEMV_MAX];
+    for (int i = 0; i < count; i++) {
+        if (!check_matmul(c, "matmul_multi", ws[i], n)) return;
+        if (ws[i]->shape[1] != ws[0]->shape[1]) {
+            cu_fail(c, TMX_ERR_INVALID, "matmul_multi: weight %d has %lld columns, weight 0 %lld",
+                    i, (long long)ws[i]->shape[1], (long long)ws[0]->shape[1]);
+            return;
+        }
+        m[i] = (int)ws[i]->shape[0];
+        w[i] = ws[i]->data;
+        one &= ws[i]->dtype == ws[0]->dtype;
+    }
+    if (!one || n == 0) {
+        for (int i = 0; i < count; i++) cu_matmul(ctx, ys[i], x, ws[i], n);
+        return;
+    }
+    const int k = (int)ws[0]->shape[1];
+    if (ws[0]->dtype == TMX_DTYPE_MXFP8) mxfp8_gemv(c, ys, x, w, m, count, n, k);
+    else CU_DISPATCH_W(ws[0]->dtype, gemv<DT>(c, ys, x, w, m, count, n, k));
+    cu_check_launch(c, "matmul_multi");
 }

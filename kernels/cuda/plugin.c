@@ -370,6 +370,7 @@ static const struct tmx_kernels_i cu_ops = {
     .moe_experts_partial = cu_moe_experts_partial,
     .moe_combine = cu_moe_combine,
     .argmax = cu_argmax,
+    .matmul_multi = cu_matmul_multi,
 };
 
 static const struct tmx_option cu_options[] = {

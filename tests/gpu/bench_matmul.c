@@ -48,6 +48,101 @@ static double time_matmul(const struct tmx_kernels *k, float *y, const float *x,
     return (now_s() - t0) / REPEAT;
 }
 
+/* q, k and v of a TP-4 rank (2048, 512 and 512 rows of 7168), BF16 and MXFP8, as three
+ * matmuls and as one matmul_multi, at 1, 2, 4 and 8 tokens: µs a step of each, and the largest
+ * difference between the two over the largest output. 1 if it passes 1e-5 or an op fails. */
+static int qkv(const struct tmx_kernels *k, FILE *json) {
+    enum { K = 7168, NMAX = 8 };
+    static const int rows[3] = {2048, 512, 512}, tokens[] = {1, 2, 4, 8};
+    struct tmx_tensor mx[3] = {{0}}, bf[3] = {{0}}, dmx[3] = {{0}}, dbf[3] = {{0}};
+    float *x = NULL, *y[2][3] = {{0}};
+    float *xh = malloc((size_t)NMAX * K * sizeof *xh), *ya = malloc((size_t)NMAX * 2048 * 4),
+          *yb = malloc((size_t)NMAX * 2048 * 4);
+    uint64_t rng = 7;
+    int failed = !xh || !ya || !yb || !TMX_OPS_HAS(k->ops, matmul_multi);
+    for (int i = 0; i < 3 && !failed; i++) {
+        const size_t count = (size_t)rows[i] * K;
+        mx[i] = (struct tmx_tensor){TMX_DTYPE_MXFP8, 2, {rows[i], K}, NULL};
+        bf[i] = mx[i];
+        bf[i].dtype = TMX_DTYPE_BF16;
+        uint8_t *q = malloc(tmx_tensor_nbytes(&mx[i]));
+        uint16_t *b = malloc(count * 2);
+        mx[i].data = q; /* both kept until the weights are freed: a set may alias them */
+        bf[i].data = b;
+        if (!q || !b) {
+            failed = 1;
+            break;
+        }
+        for (size_t j = 0; j < count; j++) {
+            do {
+                q[j] = (uint8_t)next(&rng);
+            } while ((q[j] & 0x7f) == 0x7f);
+        }
+        for (size_t j = 0; j < count / 32; j++) q[count + j] = (uint8_t)(115 + next(&rng) % 9);
+        tmx_mxfp8_to_bf16(&mx[i], b);
+        char *err = NULL;
+        failed |= k->ops->weight_import(k->ctx, &mx[i], &dmx[i], &err) != TMX_OK ||
+                  k->ops->weight_import(k->ctx, &bf[i], &dbf[i], &err) != TMX_OK ||
+                  k->ops->buf_alloc(k->ctx, (size_t)NMAX * rows[i] * 4, (void **)&y[0][i]) !=
+                      TMX_OK ||
+                  k->ops->buf_alloc(k->ctx, (size_t)NMAX * rows[i] * 4, (void **)&y[1][i]) !=
+                      TMX_OK;
+        free(err);
+    }
+    for (size_t i = 0; i < (size_t)NMAX * K && !failed; i++)
+        xh[i] = (float)((double)(next(&rng) >> 11) * 0x1p-52 - 1.0);
+    failed = failed || k->ops->buf_alloc(k->ctx, (size_t)NMAX * K * 4, (void **)&x) != TMX_OK ||
+             k->ops->buf_write(k->ctx, x, xh, (size_t)NMAX * K * 4) != TMX_OK;
+    printf("\nq, k, v of a TP-4 rank: three matmuls against one matmul_multi (us a step)\n");
+    printf("%-6s %3s  %9s %9s  %7s  %s\n", "weight", "n", "three", "multi", "speedup", "max diff");
+    for (int f = 0; f < 2 && !failed; f++) {
+        const struct tmx_tensor *ws[3] = {f ? &dmx[0] : &dbf[0], f ? &dmx[1] : &dbf[1],
+                                          f ? &dmx[2] : &dbf[2]};
+        for (size_t t = 0; t < sizeof tokens / sizeof tokens[0] && !failed; t++) {
+            const int n = tokens[t];
+            double t3 = 0;
+            for (int i = 0; i < 3; i++) t3 += time_matmul(k, y[0][i], x, ws[i], n);
+            k->ops->matmul_multi(k->ctx, y[1], x, ws, 3, n);
+            failed |= k->ops->sync(k->ctx) != TMX_OK;
+            double t0 = now_s();
+            for (int r = 0; r < REPEAT; r++) k->ops->matmul_multi(k->ctx, y[1], x, ws, 3, n);
+            failed |= k->ops->sync(k->ctx) != TMX_OK;
+            const double t1 = (now_s() - t0) / REPEAT;
+            double diff = 0, mag = 0;
+            for (int i = 0; i < 3 && !failed; i++) {
+                const size_t cnt = (size_t)n * rows[i];
+                failed |= k->ops->buf_read(k->ctx, ya, y[0][i], cnt * 4) != TMX_OK ||
+                          k->ops->buf_read(k->ctx, yb, y[1][i], cnt * 4) != TMX_OK;
+                for (size_t j = 0; j < cnt && !failed; j++) {
+                    diff = fmax(diff, fabs((double)ya[j] - yb[j]));
+                    mag = fmax(mag, fabs((double)ya[j]));
+                }
+            }
+            diff = mag > 0 ? diff / mag : diff;
+            failed |= !(diff <= 1e-5) || t3 < 0;
+            printf("%-6s %3d  %9.2f %9.2f  %6.2fx  %.2e%s\n", f ? "mxfp8" : "bf16", n, t3 * 1e6,
+                   t1 * 1e6, t3 / t1, diff, failed ? "  FAIL" : "");
+            if (json)
+                fprintf(json, ",\n {\"weight\": \"qkv/4 %s\", \"n\": %d, \"three_us\": %.3f, "
+                        "\"multi_us\": %.3f, \"max_rel_diff\": %.3e}", f ? "mxfp8" : "bf16", n,
+                        t3 * 1e6, t1 * 1e6, diff);
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        if (y[0][i]) k->ops->buf_free(k->ctx, y[0][i]);
+        if (y[1][i]) k->ops->buf_free(k->ctx, y[1][i]);
+        if (dbf[i].data) k->ops->weight_free(k->ctx, &dbf[i]);
+        if (dmx[i].data) k->ops->weight_free(k->ctx, &dmx[i]);
+        free(mx[i].data);
+        free(bf[i].data);
+    }
+    if (x) k->ops->buf_free(k->ctx, x);
+    free(xh);
+    free(ya);
+    free(yb);
+    return failed;
+}
+
 int main(int argc, char **argv) {
     static const struct {
         const char *name;
@@ -149,6 +244,7 @@ int main(int argc, char **argv) {
         free(ya);
         free(yb);
     }
+    failed |= qkv(&k, json);
     if (json) {
         fprintf(json, "\n]}\n");
         fclose(json);

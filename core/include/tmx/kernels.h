@@ -172,14 +172,21 @@ struct tmx_kernels_i {
     void (*moe_combine)(void *ctx, float *out, const float *ye, const float *weights, int n,
                         int k, int latent, const struct tmx_tensor *post_norm, float eps);
 
-    /* --- greedy decoding (optional; NULL: the core reads the logits back and picks on the
-     * host). Added in ABI 2.3. */
+    /* --- added in ABI 2.3 (optional) -------------------------------------------------- */
 
-    /* For each row r < rows of x (rows of ld floats), over its first d columns (0 < d <= ld):
-     * ids[r] = the lowest column holding the largest value and best[r] = that value. NaN is
-     * never the largest; a row of NaN only gives id 0 and best NaN. */
+    /* (NULL: the core reads the logits back and picks on the host) For each row r < rows of x
+     * (rows of ld floats), over its first d columns (0 < d <= ld): ids[r] = the lowest column
+     * holding the largest value and best[r] = that value. NaN is never the largest; a row of
+     * NaN only gives id 0 and best NaN. */
     void (*argmax)(void *ctx, int32_t *ids, float *best, const float *x, int rows, int d,
                    int ld);
+
+    /* (NULL: matmul once per weight) ys[i][n][m_i] = x[n][k] . ws[i]^T for i < count,
+     * 1 <= count <= 4, each ws[i] [m_i][k] as matmul takes it: the matmuls of a layer that
+     * share their input (q, k and v; gate and up), which a set may run as one. The ys do not
+     * alias x or each other. */
+    void (*matmul_multi)(void *ctx, float *const *ys, const float *x,
+                         const struct tmx_tensor *const *ws, int count, int n);
 };
 
 #endif
