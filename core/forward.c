@@ -468,9 +468,6 @@ static enum tmx_status reduce(struct tmx_model *m, float *buf, size_t count, cha
     return tmx_comm_allreduce_sum(m->tp.data, buf, count, TMX_DTYPE_F32, err);
 }
 
-/* The routed experts of layer l: dense experts through the kernel set, or the codec's, on the
- * device or on host memory, into kv->y. With several ranks, each pair's partial y_e into
- * kv->part [n][k][latent] instead (the load refused a codec device path then). */
 /* ys[i][n][..] = x . ws[i]^T for the count weights that share x: one matmul_multi where the
  * kernel set has it, so that it may run them as one. */
 static void matmuls(struct tmx_model *m, float *const *ys, const float *x,
@@ -483,6 +480,9 @@ static void matmuls(struct tmx_model *m, float *const *ys, const float *x,
     for (int i = 0; i < count; i++) op->matmul(m->k->ctx, ys[i], x, ws[i], n);
 }
 
+/* The routed experts of layer l: dense experts through the kernel set, or the codec's, on the
+ * device or on host memory, into kv->y. With several ranks, each pair's partial y_e into
+ * kv->part [n][k][latent] instead (the load refused a codec device path then). */
 static enum tmx_status experts(struct tmx_model *m, const struct layer *ly, int n, char **err) {
     const struct tmx_model_config *c = &m->cfg;
     const struct tmx_kernels_i *op = m->k->ops;
@@ -741,11 +741,14 @@ static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, 
     const int n = h->n, n_rows = h->n_rows, argmax = h->greedy && TMX_OPS_HAS(op, argmax);
     enum tmx_status st, failed;
     if (decode && kv->graphs) { /* one rank: nothing fails and runs on */
-        void **graph = &kv->graphs[n + (argmax ? kv->opt.max_seqs + 1 : 0)];
-        if (argmax && *graph && kv->graph_vocab != h->greedy) { /* another tokenizer's width */
-            op->graph_free(kc, *graph);
-            *graph = NULL;
+        const int G = kv->opt.max_seqs + 1; /* graphs of each kind */
+        if (argmax && kv->graph_vocab != h->greedy) { /* another tokenizer's width */
+            for (int i = G; i < 2 * G; i++)
+                if (kv->graphs[i]) op->graph_free(kc, kv->graphs[i]);
+            memset(kv->graphs + G, 0, (size_t)G * sizeof *kv->graphs);
+            kv->graph_vocab = h->greedy;
         }
+        void **graph = &kv->graphs[n + (argmax ? G : 0)];
         if ((st = op->buf_write(kc, kv->rows, rows, (size_t)n * 4)) != TMX_OK) return st;
         if (!*graph) {
             if ((st = op->graph_begin(kc)) != TMX_OK) return st;
@@ -757,7 +760,6 @@ static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, 
             enum tmx_status end = op->graph_end(kc, graph);
             if (st != TMX_OK) return st;
             if (end != TMX_OK) return end;
-            if (argmax) kv->graph_vocab = h->greedy;
         }
         if ((st = op->graph_launch(kc, *graph)) != TMX_OK) return st;
         if (argmax) return op->buf_read(kc, out->next, kv->pick, (size_t)n * sizeof *out->next);
