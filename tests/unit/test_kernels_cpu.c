@@ -147,6 +147,7 @@ static void test_descriptor(void **state) {
         ops->buf_read,  ops->weight_import, ops->weight_free, ops->sync,  ops->embed,
         ops->rmsnorm,   ops->matmul,    ops->rope,      ops->kv_store,    ops->attention,
         ops->moe_route, ops->moe_experts, ops->swiglu,  ops->add_gated,   ops->gather,
+        ops->moe_experts_partial, ops->moe_combine, ops->argmax, ops->matmul_multi,
     };
     for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) assert_non_null(members[i]);
 }
