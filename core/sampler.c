@@ -78,11 +78,13 @@ void tmx_sampler_free(struct tmx_sampler *s) {
     free(s);
 }
 
+/* The lowest id of the largest logit, NaN never the largest (all NaN: 0), as the kernel sets'
+ * argmax that greedy steps use (tmx/kernels.h). */
 static int32_t argmax(const float *logits, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
-    return best;
+    int32_t best = -1;
+    for (int i = 0; i < n; i++)
+        if (!isnan(logits[i]) && (best < 0 || logits[i] > logits[best])) best = i;
+    return best < 0 ? 0 : best;
 }
 
 /* Candidate order: descending by logit, ascending id on ties. The order is total, so every

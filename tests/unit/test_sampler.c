@@ -24,6 +24,11 @@ static void test_greedy_takes_the_first_maximum(void **state) {
     const float logits[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f, -INFINITY};
     struct tmx_sampler *s = make(0.0f, 0, 1.0f, 0.0f, 1, 6);
     assert_int_equal(tmx_sampler_sample(s, logits), 1);
+    /* NaN is never the largest, first or not; a row of NaN gives 0 */
+    const float with_nan[6] = {NAN, -3.0f, NAN, -2.0f, -2.5f, NAN};
+    const float all_nan[6] = {NAN, NAN, NAN, NAN, NAN, NAN};
+    assert_int_equal(tmx_sampler_sample(s, with_nan), 3);
+    assert_int_equal(tmx_sampler_sample(s, all_nan), 0);
     tmx_sampler_free(s);
 }
 

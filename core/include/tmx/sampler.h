@@ -1,6 +1,7 @@
 /* tmx/sampler.h: picking the next token from logits.
  *
- * Order as in llama.cpp / vLLM: temperature 0 is greedy (argmax, lowest id on ties); otherwise
+ * Order as in llama.cpp / vLLM: temperature 0 is greedy (argmax, lowest id on ties, NaN never
+ * the largest: what a greedy step picks on the device, tmx/model.h); otherwise
  * logits / temperature -> top-k -> softmax -> top-p (nucleus) -> min-p (relative to the most
  * likely token) -> draw with a seeded PRNG. The filters and the draw walk the candidates from
  * the most likely down, the lower id first among equal logits, and one draw takes one number
