@@ -19,8 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "tmx/config.h"
-#include "tmx/loader.h"
+#include "set.h"
 
 #define REPEAT 200
 
@@ -159,15 +158,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tmx-bench-matmul: cannot write %s\n", argv[2]);
         return 1;
     }
-    struct tmx_config *cfg = NULL;
-    struct tmx_plugins *ps = NULL;
-    struct tmx_kernels k = {0};
+    struct tool_set set;
+    if (!tool_set_open(&set, "tmx-bench-matmul", name)) return 1;
+    const struct tmx_kernels k = set.k;
     char *err = NULL;
-    if (tmx_config_load(NULL, &cfg, &err) != TMX_OK || tmx_plugins_new(cfg, &ps, &err) != TMX_OK ||
-        tmx_kernels_open(ps, name, &k, &err) != TMX_OK) {
-        fprintf(stderr, "tmx-bench-matmul: %s\n", err ? err : "out of memory");
-        return 1;
-    }
     int failed = 0;
     uint64_t rng = 1;
     if (json) fprintf(json, "{\"kernels\": \"%s\", \"repeat\": %d, \"runs\": [", name, REPEAT);
@@ -249,8 +243,6 @@ int main(int argc, char **argv) {
         fprintf(json, "\n]}\n");
         fclose(json);
     }
-    tmx_kernels_close(&k);
-    tmx_plugins_free(ps);
-    tmx_config_free(cfg);
+    tool_set_close(&set);
     return failed;
 }

@@ -20,8 +20,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "tmx/config.h"
-#include "tmx/loader.h"
+#include "set.h"
 
 #define REPEAT 200
 
@@ -101,15 +100,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tmx-bench-pick: cannot write %s\n", argv[2]);
         return 1;
     }
-    struct tmx_config *cfg = NULL;
-    struct tmx_plugins *ps = NULL;
-    struct tmx_kernels k = {0};
-    char *err = NULL;
-    if (tmx_config_load(NULL, &cfg, &err) != TMX_OK || tmx_plugins_new(cfg, &ps, &err) != TMX_OK ||
-        tmx_kernels_open(ps, name, &k, &err) != TMX_OK) {
-        fprintf(stderr, "tmx-bench-pick: %s\n", err ? err : "out of memory");
-        return 1;
-    }
+    struct tool_set set;
+    if (!tool_set_open(&set, "tmx-bench-pick", name)) return 1;
+    const struct tmx_kernels k = set.k;
     if (!TMX_OPS_HAS(k.ops, argmax)) {
         fprintf(stderr, "tmx-bench-pick: kernel set %s has no argmax\n", name);
         return 1;
@@ -170,8 +163,6 @@ int main(int argc, char **argv) {
     k.ops->buf_free(k.ctx, ids);
     k.ops->buf_free(k.ctx, x);
     free(xh);
-    tmx_kernels_close(&k);
-    tmx_plugins_free(ps);
-    tmx_config_free(cfg);
+    tool_set_close(&set);
     return failed;
 }

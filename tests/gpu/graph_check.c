@@ -17,9 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tmx/config.h"
+#include "set.h"
 #include "tmx/conform.h"
-#include "tmx/loader.h"
 
 static int n_failed;
 
@@ -204,18 +203,9 @@ static void check_device_error(const struct tmx_kernels *k) {
 
 int main(int argc, char **argv) {
     const char *name = argc > 1 ? argv[1] : "cuda";
-    struct tmx_config *cfg = NULL;
-    struct tmx_plugins *ps = NULL;
-    struct tmx_kernels k = {0};
-    char *err = NULL;
-    if (tmx_config_load(NULL, &cfg, &err) != TMX_OK || tmx_plugins_new(cfg, &ps, &err) != TMX_OK ||
-        tmx_kernels_open(ps, name, &k, &err) != TMX_OK) {
-        fprintf(stderr, "tmx-graph-check: %s\n", err ? err : "out of memory");
-        free(err);
-        tmx_plugins_free(ps);
-        tmx_config_free(cfg);
-        return 1;
-    }
+    struct tool_set set;
+    if (!tool_set_open(&set, "tmx-graph-check", name)) return 1;
+    const struct tmx_kernels k = set.k;
     if (!k.ops->graph_begin || !k.ops->graph_end || !k.ops->graph_launch || !k.ops->graph_free) {
         report("graph ops present", 0, NULL);
     } else {
@@ -224,8 +214,6 @@ int main(int argc, char **argv) {
     }
     check_device_error(&k);
     report("native_stream", k.ops->native_stream && k.ops->native_stream(k.ctx) != NULL, NULL);
-    tmx_kernels_close(&k);
-    tmx_plugins_free(ps);
-    tmx_config_free(cfg);
+    tool_set_close(&set);
     return n_failed ? 1 : 0;
 }
