@@ -287,6 +287,16 @@ static void rmsnorm_run(struct tmx_conform_case *c) {
 
 /* --- matmul ----------------------------------------------------------------------------------- */
 
+/* ref[n][m] = x[n][d] . w[m][d]^T in double. */
+static void matmul_ref(double *ref, const double *w, const float *x, int n, int m, int d) {
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < m; r++) {
+            double acc = 0;
+            for (int i = 0; i < d; i++) acc += w[(size_t)r * d + i] * x[(size_t)t * d + i];
+            ref[(size_t)t * m + r] = acc;
+        }
+}
+
 static enum tmx_status matmul_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     const float *x = input(c, (size_t)s->n * s->d, -1, 1, &c->arg[0]);
@@ -295,12 +305,7 @@ static enum tmx_status matmul_new(struct tmx_conform_case *c) {
     c->arg[1] = buffer(c, (size_t)s->n * s->m * sizeof(float));
     double *ref = output(c, c->arg[1], (size_t)s->n * s->m, TMX_DTYPE_F32);
     if (!x || !w || !ref) return c->status;
-    for (int t = 0; t < s->n; t++)
-        for (int r = 0; r < s->m; r++) {
-            double acc = 0;
-            for (int i = 0; i < s->d; i++) acc += w[(size_t)r * s->d + i] * x[(size_t)t * s->d + i];
-            ref[(size_t)t * s->m + r] = acc;
-        }
+    matmul_ref(ref, w, x, s->n, s->m, s->d);
     return TMX_OK;
 }
 
@@ -323,13 +328,7 @@ static enum tmx_status matmul_multi_new(struct tmx_conform_case *c) {
         c->arg[1 + i] = buffer(c, (size_t)s->n * m * sizeof(float));
         double *ref = output(c, c->arg[1 + i], (size_t)s->n * m, TMX_DTYPE_F32);
         if (!w || !ref) return c->status;
-        for (int t = 0; t < s->n; t++)
-            for (int r = 0; r < m; r++) {
-                double acc = 0;
-                for (int j = 0; j < s->d; j++)
-                    acc += w[(size_t)r * s->d + j] * x[(size_t)t * s->d + j];
-                ref[(size_t)t * m + r] = acc;
-            }
+        matmul_ref(ref, w, x, s->n, m, s->d);
     }
     return TMX_OK;
 }
