@@ -191,6 +191,17 @@ const struct spec tmx_conform_specs[] = {
      .rows = {64, 16, 48}},
     {"matmul_multi/bf16/n20-prefill", OP_MATMUL_MULTI, BF16, 0, .n = 20, .d = 192,
      .rows = {96, 32, 32}},
+
+    /* a sampler's candidates: the vocabularies of muse-mini and the 816B model, a stride,
+     * fewer columns than k, ties, NaN and -inf */
+    {"topk/n3-d1-k1", OP_TOPK, F32, 0, .n = 3, .d = 1, .top_k = 1},
+    {"topk/n16-d8192-k256", OP_TOPK, F32, 0, .n = 16, .d = 8192, .top_k = 256},
+    {"topk/n2-d202048-k256", OP_TOPK, F32, 0, .n = 2, .d = 202048, .top_k = 256},
+    {"topk/n4-d151936-ld151940-k40", OP_TOPK, F32, 0, .n = 4, .m = 151940, .d = 151936,
+     .top_k = 40},
+    {"topk/n5-d100-k256", OP_TOPK, F32, 0, .n = 5, .d = 100, .top_k = 256},
+    {"topk/ties/n7-d40999-k200", OP_TOPK, F32, TIES, .n = 7, .d = 40999, .top_k = 200},
+    {"topk/special/n8-d9000-k32", OP_TOPK, F32, SPECIAL, .n = 8, .d = 9000, .top_k = 32},
 };
 
 const size_t tmx_conform_n_specs = sizeof tmx_conform_specs / sizeof tmx_conform_specs[0];

@@ -20,10 +20,14 @@
 
 /* --- a case on a kernel set ------------------------------------------------------------------- */
 
+/* Doubles, an output type of conform's own (no tensor is F64). */
+#define F64 TMX_DTYPE_COUNT
+
 struct output {
     void *dev;          /* the kernel set's buffer */
     size_t count;       /* elements of dt */
-    enum tmx_dtype dt;  /* F32; I32 (must match exactly); BF16, F8_E4M3 or I8 (a KV cache) */
+    enum tmx_dtype dt;  /* F32; I32 (must match exactly); BF16, F8_E4M3 or I8 (a KV cache);
+                           F64 (topk's stats) */
     double *ref;        /* [count], as F32 */
 };
 
@@ -401,7 +405,9 @@ static void quantize_row(enum tmx_dtype dt, const float *x, int hd, void *dst, s
 
 /* Element i of cache data of dtype dt, as F32 (before its row's scale). */
 static double cache_elem(enum tmx_dtype dt, const void *data, size_t i) {
+    double f64;
     switch (dt) {
+    case F64: return memcpy(&f64, (const double *)data + i, sizeof f64), f64; /* 4-aligned */
     case TMX_DTYPE_BF16: return tmx_bf16_to_f32(((const uint16_t *)data)[i]);
     case TMX_DTYPE_F8_E4M3: return tmx_e4m3_to_f32(((const uint8_t *)data)[i]);
     case TMX_DTYPE_I8: return ((const int8_t *)data)[i];
@@ -926,6 +932,74 @@ static void argmax_run(struct tmx_conform_case *c) {
     c->ops->argmax(c->ctx, c->arg[1], c->arg[2], c->arg[0], s->n, s->d, s->m ? s->m : s->d);
 }
 
+/* --- topk ------------------------------------------------------------------------------------- */
+
+struct topk_cand {
+    float y;
+    int32_t id;
+};
+
+static int topk_cmp(const void *a, const void *b) {
+    const struct topk_cand *x = a, *y = b;
+    if (x->y != y->y) return x->y > y->y ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Uniform rows at temperatures in [0.3, 2] (row 0 at 1); TIES: five values; SPECIAL: NaN and
+ * -inf sprinkled in, row 0 NaN only, row 1 -inf only, row 2 five candidates. The reference
+ * sorts every candidate; ys and ids must match exactly, stats to double rounding. */
+static enum tmx_status topk_new(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    const int ld = s->m ? s->m : s->d, k = s->top_k;
+    const size_t count = (size_t)s->n * ld;
+    float *x = host_alloc(c, count * sizeof *x), *temps = host_alloc(c, s->n * sizeof *temps);
+    struct topk_cand *cand = host_alloc(c, (size_t)s->d * sizeof *cand);
+    if (!x || !temps || !cand) return c->status;
+    for (size_t i = 0; i < count; i++) {
+        const size_t r = i / ld, col = i % ld;
+        float v = s->flags & TIES ? (float)randint(c, 0, 4) : (float)uniform(c, -8, 8);
+        if (s->flags & SPECIAL) {
+            const int u = randint(c, 0, 99);
+            v = r == 0 ? NAN : r == 1 ? -INFINITY : u < 10 ? NAN : u < 13 ? -INFINITY : v;
+            if (r == 2 && col % 1000 != 7) v = col % 2 ? NAN : -INFINITY;
+        }
+        x[i] = v;
+    }
+    for (int r = 0; r < s->n; r++) temps[r] = r == 0 ? 1.0f : (float)uniform(c, 0.3, 2.0);
+    c->arg[0] = upload(c, x, count * sizeof *x);
+    c->arg[1] = upload(c, temps, s->n * sizeof *temps);
+    c->arg[2] = buffer(c, (size_t)s->n * k * sizeof(float));
+    c->arg[3] = buffer(c, (size_t)s->n * k * sizeof(int32_t));
+    c->arg[4] = buffer(c, (size_t)s->n * 2 * sizeof(double));
+    double *ys = output(c, c->arg[2], (size_t)s->n * k, TMX_DTYPE_F32);
+    double *ids = output(c, c->arg[3], (size_t)s->n * k, TMX_DTYPE_I32);
+    double *stats = output(c, c->arg[4], (size_t)s->n * 2, F64);
+    if (!ys || !ids || !stats || !c->arg[0] || !c->arg[1]) return c->status;
+    for (int r = 0; r < s->n; r++) {
+        const float *xr = x + (size_t)r * ld;
+        int n = 0;
+        for (int i = 0; i < s->d; i++)
+            if (!isnan(xr[i]) && xr[i] != -INFINITY)
+                cand[n++] = (struct topk_cand){xr[i] / temps[r], i};
+        qsort(cand, (size_t)n, sizeof *cand, topk_cmp);
+        double sum = 0;
+        for (int i = 0; i < n; i++) sum += exp((double)cand[i].y - cand[0].y);
+        for (int i = 0; i < k; i++) {
+            ys[(size_t)r * k + i] = i < n ? cand[i].y : -INFINITY;
+            ids[(size_t)r * k + i] = i < n ? cand[i].id : -1;
+        }
+        stats[2 * r] = sum;
+        stats[2 * r + 1] = n;
+    }
+    return TMX_OK;
+}
+
+static void topk_run(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    c->ops->topk(c->ctx, c->arg[2], c->arg[3], c->arg[4], c->arg[0], c->arg[1], s->n, s->d,
+                 s->m ? s->m : s->d, s->top_k);
+}
+
 /* --- the ops ---------------------------------------------------------------------------------- */
 
 /* Tolerances on the normalized max error. Copies are exact; the rest allow F32 rounding with
@@ -965,6 +1039,7 @@ static const struct {
     [OP_ARGMAX] = {"argmax", offsetof(struct tmx_kernels_i, argmax), 0, argmax_new, argmax_run},
     [OP_MATMUL_MULTI] = {"matmul_multi", offsetof(struct tmx_kernels_i, matmul_multi), 1e-5,
                          matmul_multi_new, matmul_multi_run},
+    [OP_TOPK] = {"topk", offsetof(struct tmx_kernels_i, topk), 1e-10, topk_new, topk_run},
 };
 
 /* Whether the set's table is large enough to hold the op and the op is non-NULL. */
@@ -1038,7 +1113,7 @@ static double compare(const struct output *o, const unsigned char *got) {
             if (g != o->ref[i]) return INFINITY;
             continue;
         }
-        if (!isfinite(o->ref[i])) { /* argmax's best of a row of NaN or infinities */
+        if (!isfinite(o->ref[i])) { /* argmax's best of a row of NaN or infinities, topk's -inf */
             if (!(g == o->ref[i] || (isnan(g) && isnan(o->ref[i])))) return INFINITY;
             continue;
         }
@@ -1051,7 +1126,8 @@ static double compare(const struct output *o, const unsigned char *got) {
 
 /* An output's bytes rounded up to 4, so that the next one starts aligned in `got`. */
 static size_t out_bytes(const struct output *o) {
-    return (o->count * tmx_dtype_size(o->dt) + 3) & ~(size_t)3;
+    return (o->count * (o->dt == F64 ? sizeof(double) : tmx_dtype_size(o->dt)) + 3) &
+           ~(size_t)3;
 }
 
 enum tmx_status tmx_conform_case_check(struct tmx_conform_case *c, struct tmx_conform_result *res,

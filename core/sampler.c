@@ -17,6 +17,8 @@ struct tmx_sampler {
     struct tmx_sampler_params p;
     int n_vocab;
     uint64_t rng[4];   /* xoshiro256** state */
+    double u;          /* a draw's number that tmx_sampler_sample_top took and left to
+                          tmx_sampler_sample; < 0: none */
     struct cand *cand; /* [n_vocab] scratch */
     double *e;         /* [n_vocab] scratch: exp(logit - max) of the survivors, by token id */
 };
@@ -67,6 +69,7 @@ enum tmx_status tmx_sampler_new(const struct tmx_sampler_params *p, int n_vocab,
     s->n_vocab = n_vocab;
     uint64_t seed = p->seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&seed);
+    s->u = -1.0;
     *out = s;
     return TMX_OK;
 }
@@ -161,6 +164,8 @@ struct order {
     struct cand *cand;
     const double *e; /* exp(logit - max) by token id */
     int n;        /* candidates */
+    int n_known;  /* cand[0..n_known) are at hand: n, or the first ones of a kernel set's topk */
+    int past;     /* a walk needed a candidate past them */
     int n_sorted; /* cand[0..n_sorted) are the first n_sorted, in order */
     int n_prob;   /* cand[0..n_prob) (sorted) hold probabilities instead of logits */
     float max;    /* the largest logit */
@@ -179,14 +184,65 @@ static void sort_upto(struct order *o, int k) {
     o->n_sorted = want;
 }
 
-/* The probability of the i-th candidate in order. */
+/* The probability of the i-th candidate in order (0 and o->past set past the known ones). */
 static float prob(struct order *o, int i) {
+    if (i >= o->n_known) {
+        o->past = 1;
+        return 0.0f;
+    }
     sort_upto(o, i + 1);
     for (; o->n_prob <= i; o->n_prob++) {
         struct cand *c = &o->cand[o->n_prob];
         c->logit = (float)(o->e[c->id] / o->sum);
     }
     return o->cand[i].logit;
+}
+
+/* The filters and the draw over o's candidates, whose softmax denominator o->sum is. Returns
+ * the pick, or -1 when a walk needs candidates past the known ones (the draw's number then
+ * stays in s->u for tmx_sampler_sample). */
+static int32_t walk(struct tmx_sampler *s, struct order *o) {
+    const struct tmx_sampler_params *p = &s->p;
+    int n = o->n;
+    if (p->top_p < 1.0f) { /* the smallest prefix whose mass reaches top_p */
+        double mass = 0.0;
+        for (int i = 0; i < n; i++) {
+            mass += prob(o, i);
+            if (o->past) return -1;
+            if (mass >= p->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (p->min_p > 0.0f) {
+        const float floor = p->min_p * prob(o, 0);
+        int keep = 1;
+        while (keep < n && prob(o, keep) >= floor) keep++;
+        if (o->past) return -1;
+        n = keep;
+    }
+
+    /* the kept mass: 1 when the filters kept every candidate (the probabilities' sum, but for
+     * rounding), else the kept probabilities summed in order, which the filters computed */
+    double mass = 1.0;
+    if (n < o->n) {
+        mass = 0.0;
+        for (int i = 0; i < n; i++) mass += prob(o, i);
+    }
+    const double u = s->u >= 0.0 ? s->u : next_unit(s->rng);
+    s->u = -1.0;
+    double r = u * mass;
+    for (int i = 0; i < n; i++) {
+        r -= prob(o, i);
+        if (o->past) break;
+        if (r < 0.0) return s->cand[i].id;
+    }
+    if (o->past || n > o->n_known) { /* left to the whole row, with the same number */
+        s->u = u;
+        return -1;
+    }
+    return s->cand[n - 1].id; /* rounding left r >= 0 */
 }
 
 int32_t tmx_sampler_sample(struct tmx_sampler *s, const float *logits) {
@@ -206,6 +262,7 @@ int32_t tmx_sampler_sample(struct tmx_sampler *s, const float *logits) {
         o.n = p->top_k;
         sort_upto(&o, o.n);
     }
+    o.n_known = o.n;
 
     /* softmax over the survivors: summed in order when top_k sorted them, else as they lie */
     for (int i = 0; i < o.n; i++) {
@@ -213,35 +270,24 @@ int32_t tmx_sampler_sample(struct tmx_sampler *s, const float *logits) {
         s->e[id] = exp((double)s->cand[i].logit - o.max);
         o.sum += s->e[id];
     }
+    return walk(s, &o);
+}
 
-    int n = o.n;
-    if (p->top_p < 1.0f) { /* the smallest prefix whose mass reaches top_p */
-        double mass = 0.0;
-        for (int i = 0; i < n; i++) {
-            mass += prob(&o, i);
-            if (mass >= p->top_p) {
-                n = i + 1;
-                break;
-            }
-        }
+int32_t tmx_sampler_sample_top(struct tmx_sampler *s, const struct tmx_sampler_top *t) {
+    const struct tmx_sampler_params *p = &s->p;
+    if (p->temperature == 0.0f) return t->k > 0 && t->id[0] >= 0 ? t->id[0] : -1;
+    if (t->n < 1 || t->k < 1) return -1; /* the whole row says what to do */
+    const int known = t->k < t->n ? t->k : t->n;
+    for (int i = 0; i < known; i++) s->cand[i] = (struct cand){t->y[i], t->id[i]};
+    struct order o = {.cand = s->cand, .e = s->e, .n = t->n, .n_known = known,
+                      .n_sorted = known, .max = t->y[0], .sum = t->sum};
+    if (p->top_k > 0 && p->top_k < o.n) { /* as tmx_sampler_sample sums the survivors */
+        if (p->top_k > known) return -1;
+        o.n = o.n_known = o.n_sorted = p->top_k;
+        o.sum = 0.0;
+        for (int i = 0; i < o.n; i++) o.sum += exp((double)s->cand[i].logit - o.max);
     }
-    if (p->min_p > 0.0f) {
-        const float floor = p->min_p * prob(&o, 0);
-        int keep = 1;
-        while (keep < n && prob(&o, keep) >= floor) keep++;
-        n = keep;
-    }
-
-    /* the kept mass: in order over what has probabilities, then the rest as it lies */
-    double mass = 0.0;
-    const int known = n < o.n_prob ? n : o.n_prob;
-    for (int i = 0; i < known; i++) mass += s->cand[i].logit;
-    for (int i = known; i < n; i++)
-        mass += (float)(s->e[s->cand[i].id] / o.sum);
-    double r = next_unit(s->rng) * mass;
-    for (int i = 0; i < n; i++) {
-        r -= prob(&o, i);
-        if (r < 0.0) return s->cand[i].id;
-    }
-    return s->cand[n - 1].id;
+    for (int i = 0; i < o.n_known; i++)
+        s->e[s->cand[i].id] = exp((double)s->cand[i].logit - o.max);
+    return walk(s, &o);
 }

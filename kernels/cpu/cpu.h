@@ -152,6 +152,8 @@ void cpu_add_gated(void *ctx, float *h, const float *a, const struct tmx_tensor 
                    int d);
 void cpu_gather(void *ctx, float *out, const float *x, const int32_t *rows, int n, int d);
 void cpu_argmax(void *ctx, int32_t *ids, float *best, const float *x, int rows, int d, int ld);
+void cpu_topk(void *ctx, float *ys, int32_t *ids, double *stats, const float *x,
+              const float *temps, int rows, int d, int ld, int k);
 
 /* attention.c */
 void cpu_rope(void *ctx, float *x, const int32_t *pos, const float *inv_freq, int n, int heads,

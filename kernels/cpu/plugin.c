@@ -237,6 +237,7 @@ static const struct tmx_kernels_i cpu_ops = {
     .moe_combine = cpu_moe_combine,
     .argmax = cpu_argmax,
     .matmul_multi = cpu_matmul_multi,
+    .topk = cpu_topk,
 };
 
 static const struct tmx_option cpu_options[] = {

@@ -1,9 +1,10 @@
-/* rows.c: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather, argmax.
+/* rows.c: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather, argmax, topk.
  *
  * Each is cheap per element, so work is cut into tasks of about GRAIN floats: a decode step's
  * single row runs inline on the caller instead of paying for a pool wake-up. Small weight
  * vectors (norm and gate weights) are converted to F32 once per call, into scratch. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "cpu.h"
 
@@ -236,4 +237,108 @@ void cpu_argmax(void *ctx, int32_t *ids, float *best, const float *x, int rows, 
     }
     struct argmax_job j = {ids, best, x, rows, d, ld, per_task(d)};
     cpu_pool_run(c->pool, n_tasks(rows, j.per), argmax_task, &j);
+}
+
+/* --- topk ----------------------------------------------------------------------------------- */
+
+struct topk_job {
+    float *ys;
+    int32_t *ids;
+    double *stats;
+    const float *x, *temps;
+    int rows, d, ld, k;
+    int64_t per;
+};
+
+struct cand {
+    float y;
+    int32_t id;
+};
+
+/* Candidate order: the larger y, then the lower column. */
+static int cand_before(struct cand a, struct cand b) {
+    return a.y > b.y || (a.y == b.y && a.id < b.id);
+}
+
+static int cand_cmp(const void *a, const void *b) {
+    const struct cand *x = a, *y = b;
+    return cand_before(*x, *y) ? -1 : cand_before(*y, *x);
+}
+
+/* Restores the heap below h[i]: every entry comes after (in candidate order) its children, so
+ * h[0] is the last of the k kept. */
+static void heap_down(struct cand *h, int n, int i) {
+    for (;;) {
+        int last = i;
+        const int l = 2 * i + 1, r = l + 1;
+        if (l < n && cand_before(h[last], h[l])) last = l;
+        if (r < n && cand_before(h[last], h[r])) last = r;
+        if (last == i) return;
+        const struct cand t = h[i];
+        h[i] = h[last];
+        h[last] = t;
+        i = last;
+    }
+}
+
+/* One row: the first k candidates kept in a heap of k, sorted at the end; then the sum over all
+ * candidates in column order, as the host sampler sums them, so that its draws equal this
+ * set's exactly. */
+static void row_topk(float *ys, int32_t *ids, double *stats, const float *x, float t, int d,
+                     int k) {
+    struct cand h[TMX_TOPK_MAX];
+    int n = 0;
+    for (int i = 0; i < d; i++) {
+        if (isnan(x[i]) || x[i] == -INFINITY) continue;
+        const struct cand c = {x[i] / t, i};
+        if (n < k) {
+            h[n++] = c;
+            for (int j = n - 1; j > 0 && cand_before(h[(j - 1) / 2], h[j]); j = (j - 1) / 2) {
+                const struct cand p = h[(j - 1) / 2];
+                h[(j - 1) / 2] = h[j];
+                h[j] = p;
+            }
+        } else if (cand_before(c, h[0])) {
+            h[0] = c;
+            heap_down(h, n, 0);
+        }
+    }
+    qsort(h, (size_t)n, sizeof *h, cand_cmp);
+    for (int i = 0; i < k; i++) {
+        ys[i] = i < n ? h[i].y : -INFINITY;
+        ids[i] = i < n ? h[i].id : -1;
+    }
+    double sum = 0.0, count = 0.0;
+    for (int i = 0; n > 0 && i < d; i++)
+        if (!isnan(x[i]) && x[i] != -INFINITY) {
+            sum += exp((double)(x[i] / t) - h[0].y);
+            count++;
+        }
+    stats[0] = sum;
+    stats[1] = count;
+}
+
+static void topk_task(void *arg, int64_t task) {
+    const struct topk_job *j = arg;
+    for (int64_t r = task * j->per; r < j->rows && r < (task + 1) * j->per; r++)
+        row_topk(j->ys + r * j->k, j->ids + r * j->k, j->stats + 2 * r, j->x + r * j->ld,
+                 j->temps[r], j->d, j->k);
+}
+
+void cpu_topk(void *ctx, float *ys, int32_t *ids, double *stats, const float *x,
+              const float *temps, int rows, int d, int ld, int k) {
+    struct cpu_ctx *c = ctx;
+    if (!check_rows(c, "topk", rows, d)) return;
+    if (ld < d || k < 1 || k > TMX_TOPK_MAX) {
+        cpu_fail(c, TMX_ERR_INVALID, "topk: row stride %d, width %d, k %d (at most %d)", ld, d,
+                 k, TMX_TOPK_MAX);
+        return;
+    }
+    for (int r = 0; r < rows; r++)
+        if (!(temps[r] > 0) || !isfinite(temps[r])) {
+            cpu_fail(c, TMX_ERR_INVALID, "topk: temperature %g of row %d", temps[r], r);
+            return;
+        }
+    struct topk_job j = {ys, ids, stats, x, temps, rows, d, ld, k, per_task(d)};
+    cpu_pool_run(c->pool, n_tasks(rows, j.per), topk_task, &j);
 }

@@ -371,6 +371,7 @@ static const struct tmx_kernels_i cu_ops = {
     .moe_combine = cu_moe_combine,
     .argmax = cu_argmax,
     .matmul_multi = cu_matmul_multi,
+    .topk = cu_topk,
 };
 
 static const struct tmx_option cu_options[] = {

@@ -1,8 +1,8 @@
-/* rows.cu: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather, argmax.
+/* rows.cu: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather, argmax, topk.
  *
  * Each is memory bound and cheap per element: a thread per element (embed, swiglu, add_gated,
  * gather), a block per row (rmsnorm, which needs the row's sum of squares) or blocks per piece
- * of a row (argmax, whose rows are a vocabulary long). */
+ * of a row (argmax and topk, whose rows are a vocabulary long). */
 #include "cuda-dev.cuh"
 
 static int check_rows(struct cu_ctx *c, const char *op, int64_t rows, int64_t d) {
@@ -213,5 +213,176 @@ extern "C" void cu_argmax(void *ctx, int32_t *ids, float *best, const float *x, 
         if (!cu_check_launch(c, "argmax")) return;
         argmax_row_kernel<<<nr, 32, 0, c->stream>>>(ids + r0, best + r0, part, pieces, xr, ld);
         if (!cu_check_launch(c, "argmax")) return;
+    }
+}
+
+/* --- topk ----------------------------------------------------------------------------------- */
+
+/* Every block sorts up to TOPK_N keys in shared memory: first the keys of a piece of TOPK_N
+ * columns, then, level by level, the first k of TOPK_N / k pieces (or groups) at a time, until
+ * one list a row is left. A key is argmax's of y = x / t, so that descending keys are the
+ * candidates' order; 0 is no candidate. */
+#define TOPK_THREADS 1024
+#define TOPK_N 4096
+
+/* What a list of keys stands for, over all the candidates of its piece or group: their number,
+ * the first one's y, and the sum of exp(y - first). */
+struct topk_stat {
+    double sum;
+    float first;
+    int count;
+};
+
+__device__ __forceinline__ float key_y(unsigned long long k) {
+    const uint32_t u = (uint32_t)(k >> 32);
+    return __uint_as_float(u & 0x80000000u ? u ^ 0x80000000u : ~u);
+}
+
+__device__ __forceinline__ int32_t key_col(unsigned long long k) {
+    return (int32_t)(0xffffffffu - (uint32_t)k);
+}
+
+static __host__ __device__ int pow2_at_least(int n) {
+    int p = 1;
+    while (p < n) p *= 2;
+    return p;
+}
+
+/* keys[0..n) descending, n a power of two: a bitonic sort by the whole block. */
+__device__ void sort_keys_desc(unsigned long long *keys, int n) {
+    for (int size = 2; size <= n; size *= 2)
+        for (int stride = size / 2; stride > 0; stride /= 2) {
+            __syncthreads();
+            for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+                const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+                const unsigned long long a = keys[lo], b = keys[hi];
+                if ((a < b) == ((lo & size) == 0)) { /* descending where lo's size bit is 0 */
+                    keys[lo] = b;
+                    keys[hi] = a;
+                }
+            }
+        }
+    __syncthreads();
+}
+
+/* The block's list: the first k of its sorted keys[0..n) and its stat, into the next level's
+ * lists, or, when it is the row's last (one block a row), into the op's outputs. */
+__device__ void topk_emit(unsigned long long *out, topk_stat *st_out, float *ys, int32_t *ids,
+                          double *stats, const unsigned long long *keys, int n, int k,
+                          topk_stat st) {
+    const int row = blockIdx.y;
+    if (gridDim.x == 1) {
+        for (int i = threadIdx.x; i < k; i += blockDim.x) {
+            const unsigned long long key = i < n ? keys[i] : 0;
+            ys[(int64_t)row * k + i] = key ? key_y(key) : -INFINITY;
+            ids[(int64_t)row * k + i] = key ? key_col(key) : -1;
+        }
+        if (threadIdx.x == 0) {
+            stats[2 * (int64_t)row] = st.count ? st.sum : 0.0;
+            stats[2 * (int64_t)row + 1] = st.count;
+        }
+        return;
+    }
+    const int64_t list = (int64_t)row * gridDim.x + blockIdx.x;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) out[list * k + i] = i < n ? keys[i] : 0;
+    if (threadIdx.x == 0) st_out[list] = st;
+}
+
+/* First level, grid (pieces, rows). */
+__global__ void __launch_bounds__(TOPK_THREADS)
+topk_piece_kernel(unsigned long long *out, topk_stat *st_out, float *ys, int32_t *ids,
+                  double *stats, const float *x, const float *temps, int d, int ld, int k) {
+    __shared__ unsigned long long keys[TOPK_N];
+    __shared__ double red_sum[32];
+    __shared__ int red_count[32];
+    const float *xr = x + (int64_t)blockIdx.y * ld;
+    const float t = temps[blockIdx.y];
+    const int base = blockIdx.x * TOPK_N, n = pow2_at_least(min(TOPK_N, d - base));
+    int count = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = base + i < d ? xr[base + i] : NAN;
+        const unsigned long long key = isnan(v) || v == -INFINITY ? 0 : argmax_key(v / t, base + i);
+        keys[i] = key;
+        count += key != 0;
+    }
+    sort_keys_desc(keys, n);
+    const unsigned long long top = keys[0];
+    const float first = top ? key_y(top) : -INFINITY;
+    double sum = 0.0;
+    for (int i = threadIdx.x; top && i < n && keys[i]; i += blockDim.x)
+        sum += exp((double)key_y(keys[i]) - first);
+    sum = block_sum(sum, red_sum);
+    count = block_sum(count, red_count);
+    topk_emit(out, st_out, ys, ids, stats, keys, n, k, topk_stat{sum, first, count});
+}
+
+/* Next levels, grid (groups, rows): group g merges lists [g * per, (g + 1) * per) of the
+ * n_in lists of k keys a row. */
+__global__ void __launch_bounds__(TOPK_THREADS)
+topk_merge_kernel(unsigned long long *out, topk_stat *st_out, float *ys, int32_t *ids,
+                  double *stats, const unsigned long long *in, const topk_stat *st_in, int n_in,
+                  int per, int k) {
+    __shared__ unsigned long long keys[TOPK_N];
+    __shared__ double red_sum[32];
+    __shared__ int red_count[32];
+    __shared__ float red_first[32];
+    const int l0 = blockIdx.x * per, nl = min(per, n_in - l0), n = pow2_at_least(nl * k);
+    const unsigned long long *src = in + ((int64_t)blockIdx.y * n_in + l0) * k;
+    const topk_stat *st = st_in + (int64_t)blockIdx.y * n_in + l0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) keys[i] = i < nl * k ? src[i] : 0;
+    float first = -INFINITY;
+    for (int i = threadIdx.x; i < nl; i += blockDim.x)
+        if (st[i].count) first = fmaxf(first, st[i].first);
+    first = warp_max(first);
+    if (threadIdx.x % 32 == 0) red_first[threadIdx.x / 32] = first;
+    __syncthreads();
+    first = threadIdx.x % 32 < blockDim.x / 32 ? red_first[threadIdx.x % 32] : -INFINITY;
+    first = warp_max(first);
+    double sum = 0.0;
+    int count = 0;
+    for (int i = threadIdx.x; i < nl; i += blockDim.x)
+        if (st[i].count) {
+            sum += st[i].sum * exp((double)st[i].first - first);
+            count += st[i].count;
+        }
+    sum = block_sum(sum, red_sum);
+    count = block_sum(count, red_count);
+    sort_keys_desc(keys, n);
+    topk_emit(out, st_out, ys, ids, stats, keys, n, k, topk_stat{sum, first, count});
+}
+
+extern "C" void cu_topk(void *ctx, float *ys, int32_t *ids, double *stats, const float *x,
+                        const float *temps, int rows, int d, int ld, int k) {
+    struct cu_ctx *c = (struct cu_ctx *)ctx;
+    if (!cu_enter(c, "topk") || !check_rows(c, "topk", rows, d) || rows == 0) return;
+    if (ld < d || k < 1 || k > TMX_TOPK_MAX) {
+        cu_fail(c, TMX_ERR_INVALID, "topk: row stride %d, width %d, k %d (at most %d)", ld, d,
+                k, TMX_TOPK_MAX);
+        return;
+    }
+    const int pieces = (d + TOPK_N - 1) / TOPK_N, per = TOPK_N / k;
+    const int groups = pieces > 1 ? (pieces + per - 1) / per : 0; /* lists after level 1 */
+    const int chunk = rows < 65535 ? rows : 65535;             /* rows a grid's y holds */
+    const size_t lists = (size_t)chunk * (pieces + groups);
+    char *scratch = (char *)cu_scratch(
+        c, lists * ((size_t)k * sizeof(unsigned long long) + sizeof(topk_stat)), "topk");
+    if (!scratch) return;
+    unsigned long long *keys[2] = {(unsigned long long *)scratch,
+                                   (unsigned long long *)scratch + (size_t)chunk * pieces * k};
+    topk_stat *st[2] = {(topk_stat *)(keys[1] + (size_t)chunk * groups * k), NULL};
+    st[1] = st[0] + (size_t)chunk * pieces;
+    for (int r0 = 0; r0 < rows; r0 += chunk) {
+        const int nr = rows - r0 < chunk ? rows - r0 : chunk;
+        float *yr = ys + (int64_t)r0 * k;
+        int32_t *ir = ids + (int64_t)r0 * k;
+        double *sr = stats + 2 * (int64_t)r0;
+        topk_piece_kernel<<<dim3(pieces, nr), TOPK_THREADS, 0, c->stream>>>(
+            keys[0], st[0], yr, ir, sr, x + (int64_t)r0 * ld, temps + r0, d, ld, k);
+        if (!cu_check_launch(c, "topk")) return;
+        for (int n_in = pieces, at = 0; n_in > 1; n_in = (n_in + per - 1) / per, at ^= 1) {
+            topk_merge_kernel<<<dim3((n_in + per - 1) / per, nr), TOPK_THREADS, 0, c->stream>>>(
+                keys[at ^ 1], st[at ^ 1], yr, ir, sr, keys[at], st[at], n_in, per, k);
+            if (!cu_check_launch(c, "topk")) return;
+        }
     }
 }

@@ -1,5 +1,6 @@
-/* test_sampler.c: greedy, the filters, the draw's distribution, seeding, parameter checks, and
- * the partial sort against a reference that sorts the whole vocabulary. */
+/* test_sampler.c: greedy, the filters, the draw's distribution, seeding, parameter checks, the
+ * partial sort against a reference that sorts the whole vocabulary, and draws from a row's
+ * first candidates (tmx_sampler_sample_top) against draws from the whole row. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -155,6 +156,7 @@ static int32_t ref_sample(const struct tmx_sampler_params *p, uint64_t *rng,
             cand[n++] = (struct ref_cand){logits[i] / p->temperature, i};
     qsort(cand, (size_t)n, sizeof *cand, ref_cmp);
     if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    const int n_kept = n;
     const float max = cand[0].logit;
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += exp((double)cand[i].logit - max);
@@ -175,8 +177,11 @@ static int32_t ref_sample(const struct tmx_sampler_params *p, uint64_t *rng,
         while (keep < n && cand[keep].logit >= floor) keep++;
         n = keep;
     }
-    double mass = 0.0;
-    for (int i = 0; i < n; i++) mass += cand[i].logit;
+    double mass = 1.0; /* every candidate kept: 1 */
+    if (n < n_kept) {
+        mass = 0.0;
+        for (int i = 0; i < n; i++) mass += cand[i].logit;
+    }
     double r = ref_next_unit(rng) * mass;
     for (int i = 0; i < n; i++) {
         r -= cand[i].logit;
@@ -226,6 +231,85 @@ static void test_partial_sort_draws_what_a_full_sort_draws(void **state) {
     free(cand);
 }
 
+/* A row's first k candidates as kernels.cpu's topk gives them: sorted, the sum in id order. */
+static void ref_top(const float *logits, int n_vocab, float temperature, int k,
+                    struct ref_cand *cand, float *y, int32_t *id, struct tmx_sampler_top *t) {
+    int n = 0;
+    for (int i = 0; i < n_vocab; i++)
+        if (!isnan(logits[i]) && logits[i] != -INFINITY)
+            cand[n++] = (struct ref_cand){logits[i] / temperature, i};
+    qsort(cand, (size_t)n, sizeof *cand, ref_cmp);
+    double sum = 0.0;
+    for (int i = 0; i < n_vocab; i++)
+        if (!isnan(logits[i]) && logits[i] != -INFINITY)
+            sum += exp((double)(logits[i] / temperature) - cand[0].logit);
+    for (int i = 0; i < k; i++) {
+        y[i] = i < n ? cand[i].logit : -INFINITY;
+        id[i] = i < n ? cand[i].id : -1;
+    }
+    *t = (struct tmx_sampler_top){k, y, id, n ? sum : 0.0, n};
+}
+
+/* Two samplers of one seed draw the same tokens when one draws from the first k candidates and
+ * falls back to the row only when it returns -1; with k = 256 the fallback never comes for top_k
+ * <= 256 or a tight nucleus, and does come for plain sampling of a flat row. */
+static void test_top_candidates_draw_what_the_row_draws(void **state) {
+    (void)state;
+    enum { V = 6000, DRAWS = 40 };
+    static const struct tmx_sampler_params settings[] = {
+        {1.0f, 0, 1.0f, 0.0f, 1},  {0.7f, 0, 1.0f, 0.0f, 2},   {1.0f, 1, 1.0f, 0.0f, 3},
+        {1.0f, 40, 1.0f, 0.0f, 4}, {1.3f, 300, 1.0f, 0.0f, 5}, {1.0f, 0, 0.9f, 0.0f, 6},
+        {0.5f, 0, 0.5f, 0.0f, 7},  {1.0f, 0, 1.0f, 0.05f, 9},  {1.0f, 50, 0.9f, 0.1f, 10},
+        {0.0f, 0, 1.0f, 0.0f, 11},
+    };
+    static const int ks[] = {1, 7, 256};
+    float *logits = malloc(V * sizeof *logits), y[256];
+    int32_t id[256];
+    struct ref_cand *cand = malloc(V * sizeof *cand);
+    assert_non_null(logits);
+    assert_non_null(cand);
+    uint64_t gen = 99;
+    for (int shape = 0; shape < 3; shape++) {
+        for (int i = 0; i < V; i++) {
+            const double u = (double)(ref_splitmix64(&gen) >> 11) * 0x1.0p-53;
+            logits[i] = shape == 0 ? (float)(24.0 * u * u * u * u)         /* a few stand out */
+                      : shape == 1 ? roundf((float)(4.0 * u) * 4.0f) / 4.0f /* 17 distinct */
+                                   : (float)(0.01 * u);                     /* flat */
+        }
+        logits[17] = -INFINITY;
+        logits[4000] = NAN;
+        for (size_t c = 0; c < sizeof settings / sizeof settings[0]; c++)
+            for (size_t kk = 0; kk < sizeof ks / sizeof ks[0]; kk++) {
+                const struct tmx_sampler_params *p = &settings[c];
+                struct tmx_sampler *row = make(p->temperature, p->top_k, p->top_p, p->min_p,
+                                               p->seed, V),
+                                   *top = make(p->temperature, p->top_k, p->top_p, p->min_p,
+                                               p->seed, V);
+                struct tmx_sampler_top t;
+                ref_top(logits, V, p->temperature > 0 ? p->temperature : 1.0f, ks[kk], cand, y, id,
+                        &t);
+                int fallbacks = 0;
+                for (int d = 0; d < DRAWS; d++) {
+                    int32_t got = tmx_sampler_sample_top(top, &t);
+                    if (got < 0) {
+                        fallbacks++;
+                        got = tmx_sampler_sample(top, logits);
+                    }
+                    assert_int_equal(got, tmx_sampler_sample(row, logits));
+                }
+                const int fits = p->temperature == 0 || (p->top_k > 0 && p->top_k <= 256) ||
+                                 (shape == 0 && p->top_p < 1.0f);
+                if (ks[kk] == 256 && fits) assert_int_equal(fallbacks, 0);
+                if (ks[kk] == 256 && shape == 2 && p->temperature > 0 && p->top_k == 0)
+                    assert_true(fallbacks > DRAWS / 2);
+                tmx_sampler_free(row);
+                tmx_sampler_free(top);
+            }
+    }
+    free(logits);
+    free(cand);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_takes_the_first_maximum),
@@ -235,6 +319,7 @@ int main(void) {
         cmocka_unit_test(test_same_seed_same_draws),
         cmocka_unit_test(test_bad_parameters_are_named),
         cmocka_unit_test(test_partial_sort_draws_what_a_full_sort_draws),
+        cmocka_unit_test(test_top_candidates_draw_what_the_row_draws),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -187,6 +187,22 @@ struct tmx_kernels_i {
      * alias x or each other. */
     void (*matmul_multi)(void *ctx, float *const *ys, const float *x,
                          const struct tmx_tensor *const *ws, int count, int n);
+
+    /* --- added in ABI 2.4 (optional) -------------------------------------------------- */
+
+    /* (NULL: the core reads the logits back and samples on the host) The first candidates of
+     * each row r < rows of x (rows of ld floats), over its first d columns (0 < d <= ld), for
+     * a sampler at temperature temps[r] (a buffer of rows values > 0): with y = x / temps[r]
+     * rounded to F32, a column is a candidate unless x is NaN or -inf, and candidates go in
+     * order of y, largest first, the lower column first among equal y. ys[r][k] and ids[r][k]
+     * get the first k (1 <= k <= TMX_TOPK_MAX) in that order, then -inf and -1 past the row's
+     * last; stats[r][0] = the sum over all the row's candidates of exp((double)y - y_first)
+     * (0: none), stats[r][1] = their number. */
+    void (*topk)(void *ctx, float *ys, int32_t *ids, double *stats, const float *x,
+                 const float *temps, int rows, int d, int ld, int k);
 };
+
+/* The most candidates topk gives a row. */
+#define TMX_TOPK_MAX 256
 
 #endif

@@ -5,7 +5,8 @@
  * logits / temperature -> top-k -> softmax -> top-p (nucleus) -> min-p (relative to the most
  * likely token) -> draw with a seeded PRNG. The filters and the draw walk the candidates from
  * the most likely down, the lower id first among equal logits, and one draw takes one number
- * from the PRNG. Time per draw: O(n_vocab) plus sorting the candidates the walk reaches. The
+ * from the PRNG, scaled by the kept probabilities' sum (1 when the filters keep every
+ * candidate). Time per draw: O(n_vocab) plus sorting the candidates the walk reaches. The
  * sampler owns its scratch memory (16 bytes per vocabulary entry). */
 #ifndef TMX_SAMPLER_H
 #define TMX_SAMPLER_H
@@ -30,5 +31,21 @@ enum tmx_status tmx_sampler_new(const struct tmx_sampler_params *p, int n_vocab,
 void tmx_sampler_free(struct tmx_sampler *s);
 /* logits[n_vocab] is not modified. */
 int32_t tmx_sampler_sample(struct tmx_sampler *s, const float *logits);
+
+/* A row's first candidates where its logits are (a kernel set's topk, tmx/kernels.h, at the
+ * sampler's temperature; temperature 0 reads only the first). */
+struct tmx_sampler_top {
+    int k;             /* candidates given */
+    const float *y;    /* [k] logit / temperature, in candidate order */
+    const int32_t *id; /* [k]; -1 past the row's last candidate */
+    double sum;        /* over all the row's candidates: exp(y - y[0]) */
+    int n;             /* the row's candidates */
+};
+
+/* The draw tmx_sampler_sample would make from the whole row, made from its first candidates
+ * and its softmax denominator; the same token when `sum` is summed as tmx_sampler_sample sums
+ * (in id order). Returns -1 when the draw needs more of the row: then call tmx_sampler_sample
+ * with the row's logits next, which uses the PRNG number this call took. */
+int32_t tmx_sampler_sample_top(struct tmx_sampler *s, const struct tmx_sampler_top *t);
 
 #endif
