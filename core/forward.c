@@ -33,9 +33,12 @@ struct group {
 
 /* What rank 0 broadcasts before each step's arrays. */
 enum { CMD_STEP = 1, CMD_QUIT = 2 };
+/* What a step hands back of each row: its logits, its argmax, or its first candidates for a
+ * sampler (tmx/kernels.h, topk), the last two over ids [0, n_vocab). */
+enum { PICK_LOGITS = 0, PICK_GREEDY = 1, PICK_TOP = 2, N_PICKS = 3 };
 struct step_head {
     int32_t cmd, n, n_seqs, n_rows; /* tokens, sequences, rows whose logits are read */
-    int32_t greedy;                 /* > 0: the rows' argmax over ids [0, greedy) instead */
+    int32_t pick, n_vocab;
 };
 
 /* A step's host arrays, views of kv->msg packed in this order so that one broadcast carries
@@ -65,15 +68,20 @@ struct kv_state {
                                     y_e, then the shared expert's partial output */
     float *logits_all;           /* TP: [ranks][max_seqs][vocab_stride] gathered logits */
     int32_t *pick;               /* [2][max_seqs] a greedy step's ids, then their logits */
+    float *temps;                /* [max_seqs] a top step's temperatures (with topk, one rank) */
+    float *top_y;                /* [max_seqs][TMX_TOPK_MAX] its candidates' logit / temperature */
+    int32_t *top_id;             /* [max_seqs][TMX_TOPK_MAX] their ids */
+    double *top_stat;            /* [max_seqs][2] each row's softmax denominator and candidates */
+    int n_rows_read;             /* rows of kv->logits the last step left */
     int32_t *msg;                /* host: the step's arrays (struct step_arrays) */
     int32_t *tok_host;           /* host TP: [B] token ids as rows of this rank's embedding */
     float *gathered;             /* host TP, rank 0: logits_all read back */
     int32_t *status;             /* host TP: [ranks] each rank's status after a step */
     float *host_logits;          /* host [max_seqs][vocab_size]: greedy steps on a set without
                                     argmax, made by the first one */
-    void **graphs;               /* [2][max_seqs + 1] decode step of n sequences, recorded once:
-                                    reading logits, then greedy */
-    int graph_vocab;             /* the greedy graphs' n_vocab */
+    void **graphs;               /* [N_PICKS][max_seqs + 1] decode step of n sequences, recorded
+                                    once for each pick the set makes */
+    int graph_vocab[N_PICKS];    /* the n_vocab each kind of graph was recorded with */
 };
 
 struct tmx_seq {
@@ -151,6 +159,12 @@ static enum tmx_status cache_init(struct tmx_model *m, struct kv_state *kv, char
     return st;
 }
 
+/* Whether a step can hand back each row's first candidates (the set's topk) instead of its
+ * logits: one rank only, so far. */
+static int top_on_set(const struct tmx_model *m) {
+    return m->tp.n == 1 && TMX_OPS_HAS(m->k->ops, topk);
+}
+
 static enum tmx_status step_buffers_init(struct tmx_model *m, struct kv_state *kv, char **err) {
     const struct tmx_model_config *c = &m->cfg;
     const struct tp_shard *tp = &m->tp;
@@ -177,6 +191,13 @@ static enum tmx_status step_buffers_init(struct tmx_model *m, struct kv_state *k
     enum tmx_status st = TMX_OK;
     for (size_t i = 0; st == TMX_OK && i < sizeof bufs / sizeof bufs[0]; i++)
         st = dev_alloc(m, bufs[i].pp, bufs[i].nbytes, err);
+    if (st == TMX_OK && top_on_set(m)) {
+        const size_t TK = S * TMX_TOPK_MAX;
+        if ((st = dev_alloc(m, &kv->temps, S * F, err)) == TMX_OK &&
+            (st = dev_alloc(m, &kv->top_y, TK * F, err)) == TMX_OK &&
+            (st = dev_alloc(m, &kv->top_id, TK * 4, err)) == TMX_OK)
+            st = dev_alloc(m, &kv->top_stat, S * 2 * sizeof(double), err);
+    }
     if (st == TMX_OK && R > 1) {
         st = dev_alloc(m, &kv->part, B * (K * lat + D) * F, err);
         if (st == TMX_OK) st = dev_alloc(m, &kv->logits_all, R * S * V * F, err);
@@ -242,7 +263,7 @@ enum tmx_status tmx_model_kv_init(struct tmx_model *m, const struct tmx_kv_optio
     if (st == TMX_OK) st = cache_init(m, kv, err);
     if (st == TMX_OK) st = step_buffers_init(m, kv, err);
     if (st == TMX_OK && o.graphs && graphs_usable(m)) {
-        kv->graphs = calloc(2 * ((size_t)o.max_seqs + 1), sizeof *kv->graphs);
+        kv->graphs = calloc(N_PICKS * ((size_t)o.max_seqs + 1), sizeof *kv->graphs);
         if (!kv->graphs) st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
     if (st != TMX_OK) tmx_model_kv_free(m);
@@ -258,13 +279,14 @@ void tmx_model_kv_free(struct tmx_model *m) {
         dev_free(m, kv->cache[l].k_scale);
         dev_free(m, kv->cache[l].v_scale);
     }
-    for (int i = 0; kv->graphs && i < 2 * (kv->opt.max_seqs + 1); i++)
+    for (int i = 0; kv->graphs && i < N_PICKS * (kv->opt.max_seqs + 1); i++)
         if (kv->graphs[i]) m->k->ops->graph_free(m->k->ctx, kv->graphs[i]);
     free(kv->graphs);
     void *bufs[] = {kv->tok, kv->pos, kv->seq, kv->rows, kv->h, kv->x, kv->o, kv->q, kv->att,
                     kv->kk, kv->vv, kv->f1, kv->f2, kv->rl, kv->rw, kv->rid, kv->z, kv->y,
                     kv->hn, kv->logits, kv->g[0].slot, kv->g[0].tables, kv->g[1].slot,
-                    kv->g[1].tables, kv->part, kv->logits_all, kv->pick};
+                    kv->g[1].tables, kv->part, kv->logits_all, kv->pick, kv->temps,
+                    kv->top_y, kv->top_id, kv->top_stat};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(m, bufs[i]);
     for (int g = 0; g < N_GROUPS; g++) tmx_kv_pool_free(kv->g[g].pool);
     free(kv->msg);
@@ -716,53 +738,91 @@ static enum tmx_status pick_rows(struct tmx_model *m, int r, int n_vocab, int32_
     return TMX_OK;
 }
 
-/* What a step hands back: logits[n_rows][vocab_size], or with h->greedy the rows' argmax
- * next[n_rows]. Both NULL on a follower. */
+/* What a step hands back (all NULL on a follower): logits[n_rows][vocab_size]; with
+ * PICK_GREEDY the rows' argmax next[n_rows]; with PICK_TOP their first candidates at temps[]:
+ * top_y and top_id [n_rows][TMX_TOPK_MAX], top_stat [n_rows][2] (tmx_model_step_top). */
 struct step_out {
     float *logits;
     int32_t *next;
+    const float *temps;
+    float *top_y;
+    int32_t *top_id;
+    double *top_stat;
 };
+
+/* The set's topk over kv->logits of r rows into kv->top_* (queued or recorded). */
+static void top_rows(struct tmx_model *m, const struct step_head *h, int r) {
+    struct kv_state *kv = m->kv;
+    m->k->ops->topk(m->k->ctx, kv->top_y, kv->top_id, kv->top_stat, kv->logits, kv->temps, r,
+                    h->n_vocab, m->tp.vocab_n, TMX_TOPK_MAX);
+}
+
+static enum tmx_status read_top(struct tmx_model *m, int r, const struct step_out *out) {
+    const struct tmx_kernels_i *op = m->k->ops;
+    struct kv_state *kv = m->kv;
+    void *kc = m->k->ctx;
+    const size_t TK = (size_t)r * TMX_TOPK_MAX;
+    enum tmx_status st = op->buf_read(kc, out->top_y, kv->top_y, TK * sizeof *out->top_y);
+    if (st == TMX_OK) st = op->buf_read(kc, out->top_id, kv->top_id, TK * sizeof *out->top_id);
+    if (st == TMX_OK)
+        st = op->buf_read(kc, out->top_stat, kv->top_stat, 2 * (size_t)r * sizeof(double));
+    return st;
+}
 
 /* Reads the r rows of kv->logits out as `out` asks, the first `done` rows being written. */
 static enum tmx_status read_rows(struct tmx_model *m, const struct step_head *h, int r, int done,
                                  const struct step_out *out, char **err) {
     const size_t V = (size_t)m->cfg.vocab_size;
-    if (h->greedy) return pick_rows(m, r, h->greedy, out->next ? out->next + done : NULL, err);
+    if (h->pick == PICK_GREEDY)
+        return pick_rows(m, r, h->n_vocab, out->next ? out->next + done : NULL, err);
+    if (h->pick == PICK_TOP) { /* one rank, one read of at most max_seqs rows: done is 0 */
+        top_rows(m, h, r);
+        return read_top(m, r, out);
+    }
     return read_logits(m, r, out->logits ? out->logits + (size_t)done * V : NULL, err);
 }
 
 /* The whole step on h->n tokens with the output of h->n_rows rows (rows), eagerly or, for a
- * decode step of n sequences, through the graph recorded for n (and for greedy, h->greedy). */
+ * decode step of n sequences, through the graph recorded for n and the pick the set makes. */
 static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, int decode,
                                 const int32_t *rows, const struct step_out *out, char **err) {
     const struct tmx_kernels_i *op = m->k->ops;
     struct kv_state *kv = m->kv;
     void *kc = m->k->ctx;
-    const int n = h->n, n_rows = h->n_rows, argmax = h->greedy && TMX_OPS_HAS(op, argmax);
+    const int n = h->n, n_rows = h->n_rows;
+    const int on_set = h->pick == PICK_TOP || (h->pick == PICK_GREEDY && TMX_OPS_HAS(op, argmax));
     enum tmx_status st, failed;
+    kv->n_rows_read = n_rows <= kv->opt.max_seqs ? n_rows : 0; /* kv->logits holds them all */
+    if (h->pick == PICK_TOP) {
+        st = op->buf_write(kc, kv->temps, out->temps, (size_t)n_rows * sizeof *out->temps);
+        if (st != TMX_OK) return st;
+    }
     if (decode && kv->graphs) { /* one rank: nothing fails and runs on */
-        const int G = kv->opt.max_seqs + 1; /* graphs of each kind */
-        if (argmax && kv->graph_vocab != h->greedy) { /* another tokenizer's width */
-            for (int i = G; i < 2 * G; i++)
+        const int G = kv->opt.max_seqs + 1, kind = on_set ? h->pick : PICK_LOGITS;
+        if (on_set && kv->graph_vocab[kind] != h->n_vocab) { /* another tokenizer's width */
+            for (int i = kind * G; i < (kind + 1) * G; i++)
                 if (kv->graphs[i]) op->graph_free(kc, kv->graphs[i]);
-            memset(kv->graphs + G, 0, (size_t)G * sizeof *kv->graphs);
-            kv->graph_vocab = h->greedy;
+            memset(kv->graphs + kind * G, 0, (size_t)G * sizeof *kv->graphs);
+            kv->graph_vocab[kind] = h->n_vocab;
         }
-        void **graph = &kv->graphs[n + (argmax ? G : 0)];
+        void **graph = &kv->graphs[n + kind * G];
         if ((st = op->buf_write(kc, kv->rows, rows, (size_t)n * 4)) != TMX_OK) return st;
         if (!*graph) {
             if ((st = op->graph_begin(kc)) != TMX_OK) return st;
             st = forward_step(m, n, &failed, err);
             if (st == TMX_OK) logits_rows(m, n);
-            if (st == TMX_OK && argmax)
+            if (st == TMX_OK && kind == PICK_GREEDY)
                 op->argmax(kc, kv->pick, (float *)(kv->pick + kv->opt.max_seqs), kv->logits, n,
-                           h->greedy, m->tp.vocab_n);
+                           h->n_vocab, m->tp.vocab_n);
+            if (st == TMX_OK && kind == PICK_TOP) top_rows(m, h, n);
             enum tmx_status end = op->graph_end(kc, graph);
             if (st != TMX_OK) return st;
             if (end != TMX_OK) return end;
         }
         if ((st = op->graph_launch(kc, *graph)) != TMX_OK) return st;
-        if (argmax) return op->buf_read(kc, out->next, kv->pick, (size_t)n * sizeof *out->next);
+        if (kind == PICK_GREEDY)
+            return op->buf_read(kc, out->next, kv->pick, (size_t)n * sizeof *out->next);
+        if (kind == PICK_TOP) return read_top(m, n, out);
         return read_rows(m, h, n, 0, out, err);
     }
     /* a failure of this rank's own work comes back after the step's collectives (TP) */
@@ -854,10 +914,10 @@ static enum tmx_status share(struct tmx_model *m, struct step_head *h, char **er
 }
 
 /* tmx_model_step, with the logits of every token instead when all_rows, or each sequence's
- * argmax over ids [0, greedy) into next when greedy > 0. */
+ * pick over ids [0, n_vocab) into out (step_out). */
 static enum tmx_status step(struct tmx_model *m, struct tmx_seq *const *seqs,
                             const int32_t *const *tokens, const int *n, int n_seqs, int all_rows,
-                            int greedy, const struct step_out *out, char **err) {
+                            int pick, int n_vocab, const struct step_out *out, char **err) {
     const struct tmx_model_config *c = &m->cfg;
     struct kv_state *kv = m->kv;
     const int bs = kv->opt.block_size, mb = kv->max_blocks;
@@ -875,7 +935,7 @@ static enum tmx_status step(struct tmx_model *m, struct tmx_seq *const *seqs,
                            "new > context %d", s->n_past, n[i], s->n_ctx);
         N += n[i];
     }
-    struct step_head h = {CMD_STEP, N, n_seqs, all_rows ? N : n_seqs, greedy};
+    struct step_head h = {CMD_STEP, N, n_seqs, all_rows ? N : n_seqs, pick, n_vocab};
     struct step_arrays a;
     step_arrays(kv, &h, &a);
     for (int i = 0, at = 0; i < n_seqs; at += n[i++]) {
@@ -931,8 +991,8 @@ enum tmx_status tmx_model_step(struct tmx_model *m, struct tmx_seq *const *seqs,
     if (m->tp.rank != 0)
         return tmx_err(err, TMX_ERR_INVALID, "step: rank %d follows rank 0's steps "
                        "(tmx_model_follow)", m->tp.rank);
-    const struct step_out out = {logits, NULL};
-    return step(m, seqs, tokens, n, n_seqs, 0, 0, &out, err);
+    const struct step_out out = {.logits = logits};
+    return step(m, seqs, tokens, n, n_seqs, 0, PICK_LOGITS, 0, &out, err);
 }
 
 enum tmx_status tmx_model_step_greedy(struct tmx_model *m, struct tmx_seq *const *seqs,
@@ -944,8 +1004,43 @@ enum tmx_status tmx_model_step_greedy(struct tmx_model *m, struct tmx_seq *const
     if (n_vocab < 1 || n_vocab > m->cfg.vocab_size)
         return tmx_err(err, TMX_ERR_INVALID, "greedy step: n_vocab %d outside [1, %d]", n_vocab,
                        m->cfg.vocab_size);
-    const struct step_out out = {NULL, next};
-    return step(m, seqs, tokens, n, n_seqs, 0, n_vocab, &out, err);
+    const struct step_out out = {.next = next};
+    return step(m, seqs, tokens, n, n_seqs, 0, PICK_GREEDY, n_vocab, &out, err);
+}
+
+int tmx_model_can_top(const struct tmx_model *m) { return m->kv && top_on_set(m); }
+
+enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *seqs,
+                                   const int32_t *const *tokens, const int *n, int n_seqs,
+                                   int n_vocab, const float *temps, float *y, int32_t *ids,
+                                   double *stats, char **err) {
+    if (!tmx_model_can_top(m))
+        return tmx_err(err, TMX_ERR_UNSUPPORTED, "top step: kernel set %s%s", m->k->plugin->name,
+                       m->tp.n > 1 ? " with tensor parallelism (tp > 1) hands back logits only"
+                                   : " has no topk (ABI 2.4)");
+    if (n_vocab < 1 || n_vocab > m->cfg.vocab_size)
+        return tmx_err(err, TMX_ERR_INVALID, "top step: n_vocab %d outside [1, %d]", n_vocab,
+                       m->cfg.vocab_size);
+    for (int i = 0; i < n_seqs; i++)
+        if (!(temps[i] > 0) || !isfinite(temps[i]))
+            return tmx_err(err, TMX_ERR_INVALID, "top step: temperature %g of sequence %d is "
+                           "not positive", temps[i], i);
+    const struct step_out out = {.temps = temps, .top_y = y, .top_id = ids, .top_stat = stats};
+    return step(m, seqs, tokens, n, n_seqs, 0, PICK_TOP, n_vocab, &out, err);
+}
+
+enum tmx_status tmx_model_read_logits(struct tmx_model *m, int i, float *logits, char **err) {
+    const struct kv_state *kv = m->kv;
+    if (!kv || m->tp.n > 1 || i < 0 || i >= kv->n_rows_read)
+        return tmx_err(err, TMX_ERR_INVALID, "logits: row %d of the last step's %d (one rank "
+                       "only)", i, kv ? kv->n_rows_read : 0);
+    const size_t V = (size_t)m->cfg.vocab_size;
+    enum tmx_status st = m->k->ops->buf_read(m->k->ctx, logits, kv->logits + (size_t)i * V,
+                                             V * sizeof *logits);
+    if (st != TMX_OK)
+        return tmx_err(err, st, "kernel set %s: cannot read the logits back: %s",
+                       m->k->plugin->name, tmx_status_str(st));
+    return TMX_OK;
 }
 
 enum tmx_status tmx_seq_forward(struct tmx_seq *s, const int32_t *tokens, int n, float *logits,
@@ -964,8 +1059,9 @@ enum tmx_status tmx_seq_forward(struct tmx_seq *s, const int32_t *tokens, int n,
         enum tmx_status st = tmx_seq_reserve(s, chunk, err);
         if (st != TMX_OK) return st;
         const int32_t *t = tokens + done;
-        const struct step_out out = {all_rows ? logits + (size_t)done * V : logits, NULL};
-        if ((st = step(s->m, &s, &t, &chunk, 1, all_rows, 0, &out, err)) != TMX_OK) return st;
+        const struct step_out out = {.logits = all_rows ? logits + (size_t)done * V : logits};
+        if ((st = step(s->m, &s, &t, &chunk, 1, all_rows, PICK_LOGITS, 0, &out, err)) != TMX_OK)
+            return st;
         done += chunk;
     }
     return TMX_OK;
@@ -983,8 +1079,9 @@ enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
         enum tmx_status st = tmx_comm_broadcast(m->tp.ctl, &h, sizeof h, 0, err);
         if (st != TMX_OK || h.cmd == CMD_QUIT) return st;
         if (h.cmd != CMD_STEP || h.n < 1 || h.n > kv->opt.n_batch || h.n_seqs < 1 ||
-            h.n_seqs > kv->opt.max_seqs || h.n_rows < 1 || h.n_rows > h.n || h.greedy < 0 ||
-            h.greedy > m->cfg.vocab_size)
+            h.n_seqs > kv->opt.max_seqs || h.n_rows < 1 || h.n_rows > h.n || h.pick < 0 ||
+            h.pick >= N_PICKS || (h.pick == PICK_TOP && !top_on_set(m)) || h.n_vocab < 0 ||
+            h.n_vocab > m->cfg.vocab_size)
             return tmx_err(err, TMX_ERR_INVALID, "rank %d: a step from rank 0 with command "
                            "%d, %d tokens, %d sequences, %d rows does not fit this rank's "
                            "cache (were all ranks set up alike?)", m->tp.rank, (int)h.cmd,
@@ -994,7 +1091,7 @@ enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
         if ((st = tmx_comm_broadcast(m->tp.ctl, kv->msg, count * 4, 0, err)) != TMX_OK)
             return st;
         char *ferr = NULL;
-        const struct step_out none = {NULL, NULL};
+        const struct step_out none = {0};
         st = run_shared(m, &h, &none, &ferr);
         if (st != TMX_OK) tmx_log(TMX_LOG_ERROR, "rank %d: %s", m->tp.rank, ferr ? ferr : "?");
         free(ferr);
@@ -1006,6 +1103,6 @@ enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
 
 enum tmx_status tmx_model_stop(struct tmx_model *m, char **err) {
     if (m->tp.n == 1 || m->tp.rank != 0) return TMX_OK;
-    struct step_head h = {CMD_QUIT, 0, 0, 0, 0};
+    struct step_head h = {CMD_QUIT, 0, 0, 0, 0, 0};
     return share(m, &h, err);
 }

@@ -59,6 +59,10 @@ struct tmx_serve {
     struct tmx_serve_metrics metrics; /* under lock */
     float *logits;                    /* [max_running][vocab_size] of a step */
     int32_t *next;                    /* [max_running] of a greedy step: each row's argmax */
+    float *temps;                     /* [max_running] of a top step: each row's temperature */
+    float *top_y;                     /* [max_running][TMX_TOPK_MAX] its first candidates */
+    int32_t *top_id;                  /* [max_running][TMX_TOPK_MAX] */
+    double *top_stat;                 /* [max_running][2] */
     float *work;                      /* [vocab_size] */
     struct tmx_seq **b_seq;           /* [max_running] the step's batch */
     const int32_t **b_tok;            /* [max_running] */
@@ -176,19 +180,20 @@ static int is_stop(const struct tmx_serve *s, const struct request *r, int32_t t
     return 0;
 }
 
-/* Whether r's next token is the argmax of its logits over the tokenizer's ids with nothing
- * else read from them, so that a greedy step can pick it where the logits are. */
-static int plain_greedy(const struct request *r) {
+/* Whether r's sampler reads nothing but its logits over the tokenizer's ids (no logit bias,
+ * penalties or logprobs), so that a step can pick its next token where the logits are: the
+ * argmax when greedy, else from the first candidates (tmx_model_step_top). */
+static int plain(const struct request *r) {
     const struct tmx_request_params *p = &r->p;
-    return p->sampling.temperature == 0 && p->n_bias == 0 && p->presence_penalty == 0 &&
-           p->frequency_penalty == 0 && p->repetition_penalty == 1 && p->top_logprobs < 0;
+    return p->n_bias == 0 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
+           p->repetition_penalty == 1 && p->top_logprobs < 0;
 }
 
-/* Samples r's next token from its logits (NULL: `greedy` is it) and reports it. Returns 1
- * when r is finished. */
-static int emit(struct tmx_serve *s, struct request *r, const float *logits, int32_t greedy) {
+/* Samples r's next token from its logits (NULL: `tok` is it) and reports it. Returns 1 when r
+ * is finished. */
+static int emit(struct tmx_serve *s, struct request *r, const float *logits, int32_t tok) {
     struct tmx_token_event ev = {.id = r->id};
-    const int32_t tok = logits ? pick(s, r, logits, &ev) : greedy;
+    if (logits) tok = pick(s, r, logits, &ev);
     r->tokens[r->n_tokens++] = tok;
     r->n_gen++;
     const double t = now();
@@ -381,15 +386,24 @@ static void step(struct tmx_serve *s) {
                  "(config key kv_tokens)");
         return;
     }
-    int greedy = 1; /* every request that gets a token this step is plain greedy */
+    /* what the step hands back: each row's argmax when every request that gets a token is
+     * plain greedy, its first candidates when every one is plain, else its logits */
+    int greedy = 1, top = tmx_model_can_top(s->m);
     for (int j = 0; j < nb; j++) {
         const struct request *r = s->b_req[j];
-        greedy &= r->n_fed + s->b_n[j] < r->n_tokens || plain_greedy(r);
+        const int emits = r->n_fed + s->b_n[j] >= r->n_tokens;
+        const float t = r->p.sampling.temperature;
+        greedy &= !emits || (plain(r) && t == 0);
+        top &= !emits || plain(r);
+        s->temps[j] = t > 0 ? t : 1.0f; /* greedy: the first candidate */
     }
+    top &= !greedy;
     char *err = NULL;
     enum tmx_status st =
         greedy ? tmx_model_step_greedy(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->n_vocab, s->next,
                                        &err)
+        : top  ? tmx_model_step_top(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->n_vocab, s->temps,
+                                    s->top_y, s->top_id, s->top_stat, &err)
                : tmx_model_step(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->logits, &err);
     for (int j = 0; j < nb; j++) {
         struct request *r = s->b_req[j];
@@ -399,7 +413,22 @@ static void step(struct tmx_serve *s) {
         }
         r->n_fed += s->b_n[j];
         if (r->n_fed < r->n_tokens) continue; /* more prompt to go */
-        if (emit(s, r, greedy ? NULL : s->logits + (size_t)j * s->vocab_size, s->next[j])) {
+        float *logits = greedy ? NULL : s->logits + (size_t)j * s->vocab_size;
+        int32_t tok = greedy ? s->next[j] : -1;
+        if (top) {
+            const size_t at = (size_t)j * TMX_TOPK_MAX;
+            const struct tmx_sampler_top t = {TMX_TOPK_MAX, s->top_y + at, s->top_id + at,
+                                              s->top_stat[2 * j], (int)s->top_stat[2 * j + 1]};
+            tok = tmx_sampler_sample_top(r->sampler, &t);
+            char *rerr = NULL; /* a draw past the candidates: the row, with the same number */
+            if (tok >= 0) logits = NULL;
+            else if (tmx_model_read_logits(s->m, j, logits, &rerr) != TMX_OK) {
+                fail(s, r, rerr);
+                free(rerr);
+                continue;
+            }
+        }
+        if (emit(s, r, logits, tok)) {
             tmx_seq_free(r->seq); /* finished */
             r->seq = NULL;
         }
@@ -502,14 +531,19 @@ enum tmx_status tmx_serve_new(struct tmx_engine *e, struct tmx_serve **out, char
     const size_t R = (size_t)s->max_running;
     s->logits = malloc(R * (size_t)s->vocab_size * sizeof *s->logits);
     s->next = malloc(R * sizeof *s->next);
+    s->temps = malloc(R * sizeof *s->temps);
+    s->top_y = malloc(R * TMX_TOPK_MAX * sizeof *s->top_y);
+    s->top_id = malloc(R * TMX_TOPK_MAX * sizeof *s->top_id);
+    s->top_stat = malloc(R * 2 * sizeof *s->top_stat);
     s->work = malloc((size_t)s->vocab_size * sizeof *s->work);
     s->counts = calloc((size_t)s->vocab_size, sizeof *s->counts);
     s->b_seq = malloc(R * sizeof *s->b_seq);
     s->b_tok = malloc(R * sizeof *s->b_tok);
     s->b_n = malloc(R * sizeof *s->b_n);
     s->b_req = malloc(R * sizeof *s->b_req);
-    if (!s->running || !s->gone || !s->logits || !s->next || !s->work || !s->counts || !s->b_seq ||
-        !s->b_tok || !s->b_n || !s->b_req) {
+    if (!s->running || !s->gone || !s->logits || !s->next || !s->temps || !s->top_y ||
+        !s->top_id || !s->top_stat || !s->work || !s->counts || !s->b_seq || !s->b_tok ||
+        !s->b_n || !s->b_req) {
         tmx_serve_free(s);
         return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
@@ -551,6 +585,10 @@ void tmx_serve_free(struct tmx_serve *s) {
     free(s->gone);
     free(s->logits);
     free(s->next);
+    free(s->temps);
+    free(s->top_y);
+    free(s->top_id);
+    free(s->top_stat);
     free(s->work);
     free(s->counts);
     free(s->b_seq);

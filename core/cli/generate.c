@@ -37,17 +37,29 @@ static int parse_num(const char *name, const char *arg, double *out) {
     return 0;
 }
 
-/* Feeds `next` to seq. Greedy, the step picks the following token where the logits are
- * (*pending); otherwise it writes the logits for the sampler. */
-static enum tmx_status decode(struct tmx_model *m, struct tmx_seq *seq, int32_t next, int greedy,
-                              int n_vocab, float *logits, int32_t *pending, char **err) {
-    if (!greedy) return tmx_seq_forward(seq, &next, 1, logits, 0, err);
+/* Feeds `next` to seq and picks the token after it where the logits are when the model can:
+ * the kernel set's argmax (greedy) or its first candidates for the sampler (topk). Otherwise,
+ * or when the draw needs the whole row, *pending is -1 and logits holds the row. */
+static enum tmx_status decode(struct tmx_model *m, struct tmx_seq *seq, int32_t next,
+                              struct tmx_sampler *sampler, float temperature, int n_vocab,
+                              float *logits, int32_t *pending, char **err) {
+    const int greedy = temperature == 0;
+    *pending = -1;
+    if (!greedy && !tmx_model_can_top(m)) return tmx_seq_forward(seq, &next, 1, logits, 0, err);
     enum tmx_status st = tmx_seq_reserve(seq, 1, err);
     const int one = 1;
     const int32_t *tokens = &next;
-    if (st == TMX_OK)
-        st = tmx_model_step_greedy(m, &seq, &tokens, &one, 1, n_vocab, pending, err);
-    return st;
+    if (st != TMX_OK) return st;
+    if (greedy) return tmx_model_step_greedy(m, &seq, &tokens, &one, 1, n_vocab, pending, err);
+    float y[TMX_TOPK_MAX];
+    int32_t ids[TMX_TOPK_MAX];
+    double stats[2];
+    st = tmx_model_step_top(m, &seq, &tokens, &one, 1, n_vocab, &temperature, y, ids, stats,
+                            err);
+    if (st != TMX_OK) return st;
+    const struct tmx_sampler_top t = {TMX_TOPK_MAX, y, ids, stats[0], (int)stats[1]};
+    *pending = tmx_sampler_sample_top(sampler, &t);
+    return *pending >= 0 ? TMX_OK : tmx_model_read_logits(m, 0, logits, err);
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -143,7 +155,7 @@ int cmd_generate(int argc, char **argv) {
     int n_gen = 0;
     struct tmx_detok detok = {0};
     char piece[1024];
-    int32_t pending = -1; /* a greedy step's pick, or -1: sample from logits */
+    int32_t pending = -1; /* the step's pick where the logits are, or -1: sample from logits */
     while (st == TMX_OK && n_gen < (int)n_predict) {
         const int32_t next = pending >= 0 ? pending : tmx_sampler_sample(sampler, logits);
         n_gen++;
@@ -157,7 +169,7 @@ int cmd_generate(int argc, char **argv) {
             fflush(stdout);
         }
         if (n_gen < (int)n_predict)
-            st = decode(tmx_engine_model(e), seq, next, sp.temperature == 0, n_vocab, logits,
+            st = decode(tmx_engine_model(e), seq, next, sampler, sp.temperature, n_vocab, logits,
                         &pending, &err);
     }
     const double t2 = now();

@@ -33,6 +33,12 @@ def lib():
         _lib.tmx_model_step_greedy.argtypes = [P, C.POINTER(P), C.POINTER(C.POINTER(C.c_int32)),
                                                C.POINTER(I), I, I, C.POINTER(C.c_int32),
                                                C.POINTER(P)]
+        _lib.tmx_model_can_top.argtypes = [P]
+        _lib.tmx_model_step_top.argtypes = [P, C.POINTER(P), C.POINTER(C.POINTER(C.c_int32)),
+                                            C.POINTER(I), I, I, C.POINTER(C.c_float),
+                                            C.POINTER(C.c_float), C.POINTER(C.c_int32),
+                                            C.POINTER(C.c_double), C.POINTER(P)]
+        _lib.tmx_model_read_logits.argtypes = [P, I, C.POINTER(C.c_float), C.POINTER(P)]
         _lib.tmx_seq_free.argtypes = [P]
         _lib.tmx_seq_forward.argtypes = [P, C.POINTER(C.c_int32), I, C.POINTER(C.c_float), I,
                                          C.POINTER(P)]
@@ -125,6 +131,41 @@ class Engine:
                                            out.ctypes.data_as(C.POINTER(C.c_int32)),
                                            C.byref(err)), err)
         return out
+
+
+    TOPK = 256  # TMX_TOPK_MAX
+
+    def can_top(self):
+        return bool(lib().tmx_model_can_top(lib().tmx_engine_model(self.handle)))
+
+    def step_top(self, seqs, token_lists, temps, n_vocab=None):
+        """step(), returning each sequence's first TOPK candidates at temps[i] as the step
+        finds them: y [n][TOPK] float32, ids [n][TOPK] int32, stats [n][2] (softmax
+        denominator, number of candidates)."""
+        _, handles, ptrs, counts = self._batch(seqs, token_lists)
+        n = len(seqs)
+        t = np.asarray(temps, dtype=np.float32)
+        y = np.zeros((n, self.TOPK), dtype=np.float32)
+        ids = np.zeros((n, self.TOPK), dtype=np.int32)
+        stats = np.zeros((n, 2), dtype=np.float64)
+        err = C.c_void_p()
+        _check(lib().tmx_model_step_top(lib().tmx_engine_model(self.handle), handles, ptrs,
+                                        counts, n, n_vocab or self.n_vocab,
+                                        t.ctypes.data_as(C.POINTER(C.c_float)),
+                                        y.ctypes.data_as(C.POINTER(C.c_float)),
+                                        ids.ctypes.data_as(C.POINTER(C.c_int32)),
+                                        stats.ctypes.data_as(C.POINTER(C.c_double)),
+                                        C.byref(err)), err)
+        return y, ids, stats
+
+    def read_logits(self, i):
+        """Row i's logits of the last step (after step_top), [n_vocab]."""
+        out = np.zeros(self.vocab_size, dtype=np.float32)
+        err = C.c_void_p()
+        _check(lib().tmx_model_read_logits(lib().tmx_engine_model(self.handle), i,
+                                           out.ctypes.data_as(C.POINTER(C.c_float)),
+                                           C.byref(err)), err)
+        return out[: self.n_vocab]
 
 
 class Seq:

@@ -177,6 +177,28 @@ enum tmx_status tmx_model_step_greedy(struct tmx_model *m, struct tmx_seq *const
                                       const int32_t *const *tokens, const int *n, int n_seqs,
                                       int n_vocab, int32_t *next, char **err);
 
+/* Whether tmx_model_step_top runs here: the kernel set has topk (ABI 2.4) and the model is one
+ * rank (a TP group hands back logits only, so far). */
+int tmx_model_can_top(const struct tmx_model *m);
+
+/* tmx_model_step for sampled decoding: instead of sequence i's logits, the first TMX_TOPK_MAX
+ * candidates of its logits over ids [0, n_vocab) for a sampler at temperature temps[i] (> 0;
+ * a greedy sequence may pass 1 and take the first candidate), found where the logits are by
+ * the kernel set's topk (tmx/kernels.h): y[i][TMX_TOPK_MAX] = logit / temperature in candidate
+ * order and ids[i][TMX_TOPK_MAX] (-1 past the last), stats[i][0] = the softmax denominator
+ * (sum of exp(y - y[i][0]) over every candidate), stats[i][1] = the number of candidates: what
+ * tmx_sampler_sample_top takes. When it returns -1, tmx_model_read_logits gives the row.
+ * Errors: tmx_model_step's, TMX_ERR_UNSUPPORTED when !tmx_model_can_top, n_vocab outside
+ * [1, vocab_size], a temperature not > 0. */
+enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *seqs,
+                                   const int32_t *const *tokens, const int *n, int n_seqs,
+                                   int n_vocab, const float *temps, float *y, int32_t *ids,
+                                   double *stats, char **err);
+
+/* Row i's logits [vocab_size] of the last step, which left them where they were made (a top
+ * step). One rank. */
+enum tmx_status tmx_model_read_logits(struct tmx_model *m, int i, float *logits, char **err);
+
 /* Appends tokens[0..n) to one sequence in steps of at most n_batch, reserving as it goes, and
  * writes logits (vocab_size columns): of the last token to logits[vocab_size], or with all_rows
  * of every token to logits[n][vocab_size]. Errors: context full, KV cache full (TMX_ERR_BUSY),
