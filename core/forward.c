@@ -69,9 +69,10 @@ struct kv_state {
     float *logits_all;           /* TP: [ranks][max_seqs][vocab_stride] gathered logits */
     int32_t *pick;               /* [2][max_seqs] a greedy step's ids, then their logits */
     float *temps;                /* [max_seqs] a top step's temperatures (with topk, one rank) */
-    float *top_y;                /* [max_seqs][TMX_TOPK_MAX] its candidates' logit / temperature */
-    int32_t *top_id;             /* [max_seqs][TMX_TOPK_MAX] their ids */
-    double *top_stat;            /* [max_seqs][2] each row's softmax denominator and candidates */
+    void *top;                   /* a top step of r rows, packed so that one read takes them:
+                                    y [r][TMX_TOPK_MAX] float, ids [r][TMX_TOPK_MAX] int32,
+                                    stats [r][2] double; room for max_seqs rows */
+    void *top_host;              /* host: the same, read back */
     int n_rows_read;             /* rows of kv->logits the last step left */
     int32_t *msg;                /* host: the step's arrays (struct step_arrays) */
     int32_t *tok_host;           /* host TP: [B] token ids as rows of this rank's embedding */
@@ -159,6 +160,9 @@ static enum tmx_status cache_init(struct tmx_model *m, struct kv_state *kv, char
     return st;
 }
 
+/* Bytes of kv->top a row takes. */
+#define TOP_ROW_BYTES (TMX_TOPK_MAX * (sizeof(float) + sizeof(int32_t)) + 2 * sizeof(double))
+
 /* Whether a step can hand back each row's first candidates (the set's topk) instead of its
  * logits: one rank only, so far. */
 static int top_on_set(const struct tmx_model *m) {
@@ -192,11 +196,11 @@ static enum tmx_status step_buffers_init(struct tmx_model *m, struct kv_state *k
     for (size_t i = 0; st == TMX_OK && i < sizeof bufs / sizeof bufs[0]; i++)
         st = dev_alloc(m, bufs[i].pp, bufs[i].nbytes, err);
     if (st == TMX_OK && top_on_set(m)) {
-        const size_t TK = S * TMX_TOPK_MAX;
+        const size_t bytes = S * TOP_ROW_BYTES;
         if ((st = dev_alloc(m, &kv->temps, S * F, err)) == TMX_OK &&
-            (st = dev_alloc(m, &kv->top_y, TK * F, err)) == TMX_OK &&
-            (st = dev_alloc(m, &kv->top_id, TK * 4, err)) == TMX_OK)
-            st = dev_alloc(m, &kv->top_stat, S * 2 * sizeof(double), err);
+            (st = dev_alloc(m, &kv->top, bytes, err)) == TMX_OK &&
+            !(kv->top_host = malloc(bytes)))
+            st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
     if (st == TMX_OK && R > 1) {
         st = dev_alloc(m, &kv->part, B * (K * lat + D) * F, err);
@@ -285,8 +289,7 @@ void tmx_model_kv_free(struct tmx_model *m) {
     void *bufs[] = {kv->tok, kv->pos, kv->seq, kv->rows, kv->h, kv->x, kv->o, kv->q, kv->att,
                     kv->kk, kv->vv, kv->f1, kv->f2, kv->rl, kv->rw, kv->rid, kv->z, kv->y,
                     kv->hn, kv->logits, kv->g[0].slot, kv->g[0].tables, kv->g[1].slot,
-                    kv->g[1].tables, kv->part, kv->logits_all, kv->pick, kv->temps,
-                    kv->top_y, kv->top_id, kv->top_stat};
+                    kv->g[1].tables, kv->part, kv->logits_all, kv->pick, kv->temps, kv->top};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(m, bufs[i]);
     for (int g = 0; g < N_GROUPS; g++) tmx_kv_pool_free(kv->g[g].pool);
     free(kv->msg);
@@ -294,6 +297,7 @@ void tmx_model_kv_free(struct tmx_model *m) {
     free(kv->gathered);
     free(kv->status);
     free(kv->host_logits);
+    free(kv->top_host);
     free(kv->cache);
     free(kv);
     m->kv = NULL;
@@ -750,23 +754,30 @@ struct step_out {
     double *top_stat;
 };
 
-/* The set's topk over kv->logits of r rows into kv->top_* (queued or recorded). */
+/* The set's topk over kv->logits of r rows into kv->top, packed for r rows (queued or
+ * recorded). */
 static void top_rows(struct tmx_model *m, const struct step_head *h, int r) {
     struct kv_state *kv = m->kv;
-    m->k->ops->topk(m->k->ctx, kv->top_y, kv->top_id, kv->top_stat, kv->logits, kv->temps, r,
-                    h->n_vocab, m->tp.vocab_n, TMX_TOPK_MAX);
+    float *y = kv->top;
+    int32_t *ids = (int32_t *)(y + (size_t)r * TMX_TOPK_MAX);
+    double *stats = (double *)(ids + (size_t)r * TMX_TOPK_MAX);
+    m->k->ops->topk(m->k->ctx, y, ids, stats, kv->logits, kv->temps, r, h->n_vocab,
+                    m->tp.vocab_n, TMX_TOPK_MAX);
 }
 
+/* kv->top of r rows -> out's arrays, in one read. */
 static enum tmx_status read_top(struct tmx_model *m, int r, const struct step_out *out) {
-    const struct tmx_kernels_i *op = m->k->ops;
     struct kv_state *kv = m->kv;
-    void *kc = m->k->ctx;
+    enum tmx_status st = m->k->ops->buf_read(m->k->ctx, kv->top_host, kv->top,
+                                             (size_t)r * TOP_ROW_BYTES);
+    if (st != TMX_OK) return st;
     const size_t TK = (size_t)r * TMX_TOPK_MAX;
-    enum tmx_status st = op->buf_read(kc, out->top_y, kv->top_y, TK * sizeof *out->top_y);
-    if (st == TMX_OK) st = op->buf_read(kc, out->top_id, kv->top_id, TK * sizeof *out->top_id);
-    if (st == TMX_OK)
-        st = op->buf_read(kc, out->top_stat, kv->top_stat, 2 * (size_t)r * sizeof(double));
-    return st;
+    const float *y = kv->top_host;
+    const int32_t *ids = (const int32_t *)(y + TK);
+    memcpy(out->top_y, y, TK * sizeof *y);
+    memcpy(out->top_id, ids, TK * sizeof *ids);
+    memcpy(out->top_stat, ids + TK, 2 * (size_t)r * sizeof *out->top_stat);
+    return TMX_OK;
 }
 
 /* Reads the r rows of kv->logits out as `out` asks, the first `done` rows being written. */

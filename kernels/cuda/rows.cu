@@ -248,20 +248,52 @@ static __host__ __device__ int pow2_at_least(int n) {
     return p;
 }
 
-/* keys[0..n) descending, n a power of two: a bitonic sort by the whole block. */
+/* keys[0..n) descending, n a power of two up to 4 * blockDim.x: a bitonic sort by the whole
+ * block. Compare-exchanges of elements 128 or more apart go through shared memory between
+ * barriers; the closer ones in registers, a thread holding 4 consecutive keys and a warp 128,
+ * through shuffles (the partner of element e at distance s is e ^ s: the same slot of lane
+ * lane ^ s / 4). Element e keeps the larger of its pair when it is the pair's lower one in a
+ * run that descends, where e's `size` bit is 0. */
 __device__ void sort_keys_desc(unsigned long long *keys, int n) {
-    for (int size = 2; size <= n; size *= 2)
-        for (int stride = size / 2; stride > 0; stride /= 2) {
+    const int base = 4 * threadIdx.x;
+    const bool warp_in = (base & ~127) < n; /* whole warps shuffle; lanes past n do not store */
+    for (int size = 2; size <= n; size *= 2) {
+        int stride = size / 2;
+        for (; stride >= 128; stride /= 2) {
             __syncthreads();
             for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
                 const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
                 const unsigned long long a = keys[lo], b = keys[hi];
-                if ((a < b) == ((lo & size) == 0)) { /* descending where lo's size bit is 0 */
+                if ((a < b) == ((lo & size) == 0)) {
                     keys[lo] = b;
                     keys[hi] = a;
                 }
             }
         }
+        __syncthreads();
+        if (warp_in) {
+            unsigned long long v[4];
+            for (int j = 0; j < 4; j++) v[j] = keys[base + j];
+            for (; stride >= 4; stride /= 2)
+                for (int j = 0; j < 4; j++) {
+                    const unsigned long long o = __shfl_xor_sync(0xffffffffu, v[j], stride / 4);
+                    const int e = base + j;
+                    const bool keep_max = ((e & stride) == 0) == ((e & size) == 0);
+                    v[j] = keep_max == (o > v[j]) ? o : v[j];
+                }
+            for (; stride >= 1; stride /= 2)
+                for (int j = 0; j < 4; j++)
+                    if ((j & stride) == 0) {
+                        const unsigned long long a = v[j], b = v[j | stride];
+                        if ((a < b) == (((base + j) & size) == 0)) {
+                            v[j] = b;
+                            v[j | stride] = a;
+                        }
+                    }
+            for (int j = 0; j < 4; j++)
+                if (base + j < n) keys[base + j] = v[j];
+        }
+    }
     __syncthreads();
 }
 

@@ -1,18 +1,22 @@
-/* bench_pick.c: the end of a greedy decode step on a kernel set, the two ways the core can take
- * it (core/forward.c): the set's argmax, then n ids read back, against n rows of logits read
- * back and their argmax on the host (what a set without argmax gets, and every step before
- * ABI 2.3). Vocabularies: muse-mini's (8,192), the reconstructed 816B model's (202,048) and
- * its slice on a rank of TP 4 (50,512). Built by kernels/cuda/CMakeLists.txt as
- * bin/tmx-bench-pick; needs a device, so it is no ctest case; tests/gpu/run.sh runs it.
+/* bench_pick.c: the end of a decode step on a kernel set, the ways the core can take it
+ * (core/forward.c). Greedy: the set's argmax, then n ids read back, against n rows of logits
+ * read back and their argmax on the host (what a set without argmax gets, and every step
+ * before ABI 2.3). Sampled: the set's topk, n rows of first candidates read back and drawn from
+ * (tmx_sampler_sample_top, a row read back for a draw past them), against n rows of logits read
+ * back and drawn from (tmx_sampler_sample; a set without topk, and every step before ABI 2.4).
+ * Vocabularies: muse-mini's (8,192), the reconstructed 816B model's (202,048) and its slice
+ * on a rank of TP 4 (50,512). Built by kernels/cuda/CMakeLists.txt as bin/tmx-bench-pick;
+ * needs a device, so it is no ctest case; tests/gpu/run.sh runs it.
  *
  *     tmx-bench-pick [KERNELS [OUT.json]]      (default cuda)
  *
- * Logits are random in [-8, 8]. Each way runs REPEAT times, each a full round trip (the read
- * waits for the device, as a step's does); the table gives microseconds a step. A second table
- * gives the set's copies between the device and pageable host memory, which the second way
- * rides on: buf_write and buf_read of 64 KiB to 256 MiB, and weight_import of a 1 GiB BF16
- * weight, in GB/s. Exits 1 if the two ways pick different ids, a copy comes back changed or an
- * op fails. */
+ * Greedy logits are random in [-8, 8]; sampled ones add 16 to 64 random ids, a head that holds
+ * about 94% of the mass at temperature 1, as a trained model's often does. Each way runs
+ * REPEAT times (sampled: REPEAT_SAMPLED), each a full round trip (the read waits for the
+ * device, as a step's does); the tables give microseconds a step. A last table gives the set's
+ * copies between the device and pageable host memory, which the logits ride on: buf_write and
+ * buf_read of 64 KiB to 256 MiB, and weight_import of a 1 GiB BF16 weight, in GB/s. Exits 1 if
+ * two ways pick different ids, a copy comes back changed or an op fails. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,8 +25,10 @@
 #include <time.h>
 
 #include "set.h"
+#include "tmx/sampler.h"
 
 #define REPEAT 200
+#define REPEAT_SAMPLED 50
 
 static double now_s(void) {
     struct timespec ts;
@@ -90,10 +96,115 @@ static int copies(const struct tmx_kernels *k, FILE *json) {
     return failed;
 }
 
+enum { NMAX = 16, VMAX = 202048 };
+static const int vocabs[] = {8192, 50512, 202048};
+static const int rows[] = {1, 4, 16};
+
+/* Fills xh[NMAX][V] and the device's x with logits: uniform in [-8, 8], plus 16 on 64 ids a
+ * row when `head`. */
+static int logits(const struct tmx_kernels *k, void *x, float *xh, int V, int head,
+                  uint64_t *rng) {
+    for (size_t i = 0; i < (size_t)NMAX * V; i++) {
+        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+        xh[i] = (float)((double)(*rng >> 11) * 0x1p-53 * 16.0 - 8.0);
+    }
+    for (int r = 0; head && r < NMAX; r++)
+        for (int j = 0; j < 64; j++) {
+            *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+            xh[(size_t)r * V + (*rng >> 33) % V] += 16.0f;
+        }
+    return k->ops->buf_write(k->ctx, x, xh, (size_t)NMAX * V * sizeof *xh) == TMX_OK;
+}
+
+/* The sampled table: both ways draw with samplers of the same seed and must draw the same
+ * tokens (the device's softmax denominator is summed in another order than the host's, so a
+ * draw could differ if its number fell within rounding of a boundary: not in these runs). */
+static int sampled(const struct tmx_kernels *k, void *x, float *xh, FILE *json) {
+    static const struct tmx_sampler_params settings[] = {{1.0f, 0, 1.0f, 0.0f, 1},
+                                                         {0.8f, 0, 0.95f, 0.0f, 2}};
+    enum { K = TMX_TOPK_MAX, ROW = K * 8 + 16 }; /* a row's y, ids and stats, packed as the
+                                                    core packs them for one read */
+    float *top = NULL, *temps = NULL, *row = malloc((size_t)VMAX * sizeof *row), th[NMAX];
+    unsigned char *host = malloc((size_t)NMAX * ROW);
+    struct tmx_sampler *a[NMAX] = {0}, *b[NMAX] = {0};
+    int failed = !host || !row ||
+                 k->ops->buf_alloc(k->ctx, (size_t)NMAX * ROW, (void **)&top) != TMX_OK ||
+                 k->ops->buf_alloc(k->ctx, NMAX * sizeof *temps, (void **)&temps) != TMX_OK;
+    uint64_t rng = 2;
+    printf("\n%7s %3s %5s %5s  %10s %10s  %7s  %s\n", "vocab", "n", "temp", "top_p", "topk us",
+           "read us", "saved", "rows read back");
+    for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0] && !failed; v++) {
+        const int V = vocabs[v];
+        failed |= !logits(k, x, xh, V, 1, &rng);
+        for (size_t c = 0; c < sizeof settings / sizeof settings[0] && !failed; c++)
+            for (size_t r = 0; r < sizeof rows / sizeof rows[0] && !failed; r++) {
+                const struct tmx_sampler_params *p = &settings[c];
+                const int n = rows[r];
+                for (int j = 0; j < n && !failed; j++) {
+                    th[j] = p->temperature;
+                    failed |= tmx_sampler_new(p, V, &a[j], NULL) != TMX_OK ||
+                              tmx_sampler_new(p, V, &b[j], NULL) != TMX_OK;
+                }
+                failed |= k->ops->buf_write(k->ctx, temps, th, n * sizeof *th) != TMX_OK;
+                int32_t got[REPEAT_SAMPLED][NMAX], want[REPEAT_SAMPLED][NMAX];
+                int32_t *ids = (int32_t *)(top + (size_t)n * K);
+                const float *yh = (const float *)host;
+                const int32_t *idh = (const int32_t *)(yh + (size_t)n * K);
+                const double *sth = (const double *)(idh + (size_t)n * K);
+                int fallbacks = 0;
+                double t0 = now_s();
+                for (int i = 0; i < REPEAT_SAMPLED && !failed; i++) {
+                    k->ops->topk(k->ctx, top, ids, (double *)(ids + (size_t)n * K), x, temps, n,
+                                 V, V, K);
+                    failed |= k->ops->buf_read(k->ctx, host, top, (size_t)n * ROW) != TMX_OK;
+                    for (int j = 0; j < n && !failed; j++) {
+                        const struct tmx_sampler_top t = {K, yh + (size_t)j * K,
+                                                          idh + (size_t)j * K, sth[2 * j],
+                                                          (int)sth[2 * j + 1]};
+                        got[i][j] = tmx_sampler_sample_top(a[j], &t);
+                        if (got[i][j] >= 0) continue;
+                        fallbacks++;
+                        failed |= k->ops->buf_read(k->ctx, row, (float *)x + (size_t)j * V,
+                                                   (size_t)V * sizeof *row) != TMX_OK;
+                        got[i][j] = tmx_sampler_sample(a[j], row);
+                    }
+                }
+                const double t_dev = (now_s() - t0) / REPEAT_SAMPLED;
+                t0 = now_s();
+                for (int i = 0; i < REPEAT_SAMPLED && !failed; i++) {
+                    failed |= k->ops->buf_read(k->ctx, xh, x, (size_t)n * V * sizeof *xh) != TMX_OK;
+                    for (int j = 0; j < n; j++)
+                        want[i][j] = tmx_sampler_sample(b[j], xh + (size_t)j * V);
+                }
+                const double t_host = (now_s() - t0) / REPEAT_SAMPLED;
+                int same = !failed;
+                for (int i = 0; i < REPEAT_SAMPLED && same; i++)
+                    for (int j = 0; j < n && same; j++) same = got[i][j] == want[i][j];
+                failed |= !same;
+                printf("%7d %3d %5.2f %5.2f  %10.2f %10.2f  %6.2fx  %d of %d%s\n", V, n,
+                       p->temperature, p->top_p, t_dev * 1e6, t_host * 1e6, t_host / t_dev,
+                       fallbacks, n * REPEAT_SAMPLED, same ? "" : "  FAIL: the draws differ");
+                if (json)
+                    fprintf(json, "%s\n {\"vocab\": %d, \"n\": %d, \"temperature\": %.2f, "
+                            "\"top_p\": %.2f, \"topk_us\": %.3f, \"read_host_us\": %.3f, "
+                            "\"rows_read_back\": %d, \"draws\": %d, \"same\": %s}",
+                            v || c || r ? "," : "", V, n, p->temperature, p->top_p, t_dev * 1e6,
+                            t_host * 1e6, fallbacks, n * REPEAT_SAMPLED, same ? "true" : "false");
+                for (int j = 0; j < n; j++) {
+                    tmx_sampler_free(a[j]);
+                    tmx_sampler_free(b[j]);
+                    a[j] = b[j] = NULL;
+                }
+            }
+    }
+    if (top) k->ops->buf_free(k->ctx, top);
+    if (temps) k->ops->buf_free(k->ctx, temps);
+    free(host);
+    free(row);
+    return failed;
+}
+
 int main(int argc, char **argv) {
-    static const int vocabs[] = {8192, 50512, 202048};
-    static const int rows[] = {1, 4, 16};
-    enum { NMAX = 16, VMAX = 202048 };
     const char *name = argc > 1 ? argv[1] : "cuda";
     FILE *json = argc > 2 ? fopen(argv[2], "w") : NULL;
     if (argc > 2 && !json) {
@@ -103,8 +214,8 @@ int main(int argc, char **argv) {
     struct tool_set set;
     if (!tool_set_open(&set, "tmx-bench-pick", name)) return 1;
     const struct tmx_kernels k = set.k;
-    if (!TMX_OPS_HAS(k.ops, argmax)) {
-        fprintf(stderr, "tmx-bench-pick: kernel set %s has no argmax\n", name);
+    if (!TMX_OPS_HAS(k.ops, argmax) || !TMX_OPS_HAS(k.ops, topk)) {
+        fprintf(stderr, "tmx-bench-pick: kernel set %s has no argmax or topk\n", name);
         return 1;
     }
     float *xh = malloc((size_t)NMAX * VMAX * sizeof *xh), *best = NULL;
@@ -122,11 +233,7 @@ int main(int argc, char **argv) {
     printf("%7s %3s  %10s %10s  %7s\n", "vocab", "n", "argmax us", "read us", "saved");
     for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0]; v++) {
         const int V = vocabs[v];
-        for (size_t i = 0; i < (size_t)NMAX * V; i++) {
-            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            xh[i] = (float)((double)(rng >> 11) * 0x1p-53 * 16.0 - 8.0);
-        }
-        if (k.ops->buf_write(k.ctx, x, xh, (size_t)NMAX * V * sizeof *xh) != TMX_OK) failed = 1;
+        failed |= !logits(&k, x, xh, V, 0, &rng);
         for (size_t r = 0; r < sizeof rows / sizeof rows[0] && !failed; r++) {
             const int n = rows[r];
             double t0 = now_s();
@@ -153,6 +260,8 @@ int main(int argc, char **argv) {
                         t_dev * 1e6, t_host * 1e6, same ? "true" : "false");
         }
     }
+    if (json) fprintf(json, "\n], \"sampled\": [");
+    failed |= sampled(&k, x, xh, json);
     if (json) fprintf(json, "\n], \"copies\": [");
     failed |= copies(&k, json);
     if (json) {

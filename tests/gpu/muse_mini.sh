@@ -10,6 +10,9 @@
 #   2. teacher, K3 e4m3 and K3 fp4: 64 greedy tokens with kernels cpu and cuda, texts compared
 #   3. logits: tmx eval-kld with the CPU as teacher and CUDA as model, same checkpoint
 #   4. decode tokens/s over 256 tokens: cuda with graphs, cuda eager, cpu
+#   5. sampled (temperature 0.8, top-p 0.95, seed 7): 64 tokens with kernels cpu and cuda,
+#      texts compared (the draws are the same wherever the logits round alike), and decode
+#      tokens/s over 256 tokens with cuda graphs
 # Prints a table last and writes $OUT/muse-mini.json.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -64,7 +67,24 @@ EOF
         tps=$(grep -ao '[0-9.]* tokens/s' "$OUT/g-long.txt" | head -1 | cut -d' ' -f1) # decode, not the prompt's
         speeds+="$1$([ $2 = false ] && echo -eager) ${tps:-error}, "
     done
-    rows+=("$m|$same|${kld:-error}|${speeds%, }")
+    sample=(--temperature 0.8 --top-p 0.95 --seed 7)
+    for k in cpu cuda; do
+        "$bin/tmx" generate --model "$dir" --prompt "$prompt" -n 64 --set kernels=$k \
+            "${sample[@]}" > "$OUT/g-$k.txt" 2>> "$log"
+        { echo "--- $m $k sampled"; cat "$OUT/g-$k.txt"; } >> "$log"
+    done
+    sampled=$(python3 - "$OUT/g-cpu.txt" "$OUT/g-cuda.txt" <<'EOF'
+import sys
+a, b = (open(p, errors="replace").read().rsplit("\n", 2)[0] for p in sys.argv[1:3])
+n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print("identical" if a == b and a else f"differ@char{n}/{len(a)}")
+EOF
+)
+    "$bin/tmx" generate --model "$dir" --prompt "$prompt" -n 256 --set kernels=cuda \
+        "${sample[@]}" > "$OUT/g-long.txt" 2>> "$log"
+    tps=$(grep -ao '[0-9.]* tokens/s' "$OUT/g-long.txt" | head -1 | cut -d' ' -f1)
+    speeds+="cuda sampled ${tps:-error}, "
+    rows+=("$m|$same|${kld:-error}|${speeds%, }|$sampled")
 done
 rm -f "$OUT"/g-*.txt
 
@@ -74,13 +94,14 @@ import json, sys
 out, gpu, cores, rows = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 recs = []
 for r in rows:
-    m, same, kld, speeds = r.split("|")
-    recs.append({"model": m, "greedy_64": same, "kld_cpu_vs_cuda": kld.strip(),
-                 "decode_tok_s_256": speeds})
+    m, same, kld, speeds, sampled = r.split("|")
+    recs.append({"model": m, "greedy_64": same, "sampled_64": sampled,
+                 "kld_cpu_vs_cuda": kld.strip(), "decode_tok_s_256": speeds})
 json.dump({"gpu": gpu, "cpu_cores": int(cores), "runs": recs},
           open(f"{out}/muse-mini.json", "w"), indent=1)
 print(f"\n==== muse-mini on {gpu} (cpu: {cores} cores)")
 for x in recs:
-    print(f"{x['model']:<9} {x['greedy_64']:<18} KLD/top-1 {x['kld_cpu_vs_cuda']}")
+    print(f"{x['model']:<9} greedy {x['greedy_64']:<18} sampled {x['sampled_64']:<18} "
+          f"KLD/top-1 {x['kld_cpu_vs_cuda']}")
     print(f"{'':<9} tok/s: {x['decode_tok_s_256']}")
 EOF

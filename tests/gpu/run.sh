@@ -11,7 +11,7 @@
 #   2. tmx conform --kernels cuda (+ per-case time) conform.txt, conform.json
 #   3. tmx-graph-check cuda                         graph.txt
 #      tmx-bench-matmul cuda: BF16 against MXFP8 weights   bench-matmul.json
-#      tmx-bench-pick cuda: a greedy step's argmax against reading the logits   bench-pick.json
+#      tmx-bench-pick cuda: a step's argmax and topk against reading the logits  bench-pick.json
 #   4. muse-tiny BF16 and F32 (when carried), every KV cache dtype, and its K3 builds (e4m3,
 #      fp4; quantized on the machine from BF16 unless carried): 64 greedy tokens with kernels cpu
 #      and cuda, texts compared; a longer cuda run for decode tokens/s  generate.txt, summary.json
@@ -48,7 +48,7 @@ echo "== conformance"
 conform_rc=0
 : > "$OUT/logs/conform.txt"
 for op in embed rmsnorm matmul rope kv_store attention moe_route moe_experts moe_experts_partial \
-    moe_combine swiglu add_gated gather argmax matmul_multi; do
+    moe_combine swiglu add_gated gather argmax matmul_multi topk; do
     "$bin/tmx" conform --kernels cuda --filter "$op/" --repeat 20 --json "$OUT/c-$op.json" \
         >> "$OUT/logs/conform.txt" 2>&1 || conform_rc=1
 done
@@ -73,7 +73,7 @@ echo "== matmul: BF16 against MXFP8 weights"
 bench_rc=$?
 cat "$OUT/logs/bench-matmul.txt"
 
-echo "== greedy picks: argmax on the device against logits read back"
+echo "== picks: argmax and topk on the device against logits read back"
 "$bin/tmx-bench-pick" cuda "$OUT/bench-pick.json" > "$OUT/logs/bench-pick.txt" 2>&1
 pick_rc=$?
 cat "$OUT/logs/bench-pick.txt"
