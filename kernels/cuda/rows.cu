@@ -218,12 +218,15 @@ extern "C" void cu_argmax(void *ctx, int32_t *ids, float *best, const float *x, 
 
 /* --- topk ----------------------------------------------------------------------------------- */
 
-/* Every block sorts up to TOPK_N keys in shared memory: first the keys of a piece of TOPK_N
- * columns, then, level by level, the first k of TOPK_N / k pieces (or groups) at a time, until
- * one list a row is left. A key is argmax's of y = x / t, so that descending keys are the
- * candidates' order; 0 is no candidate. */
+/* A row's candidates are keys: argmax's key of y = x / t (the larger y, then the lower column,
+ * is the larger key), 0 for a column that is none. A block holds up to TOPK_N keys, 4 a thread
+ * in registers (up to TOPK_THREADS threads, fewer for fewer keys: its barriers cost less):
+ * first those of a piece of TOPK_N columns, then, level by level, the first k of up to
+ * TOPK_N / k pieces (or groups), until one list a row is left. Of its keys a block keeps the k
+ * largest, found by a radix select on their bytes from the top (a histogram a byte, until the
+ * byte that holds the k-th largest holds no more than the rest of k), then sorts those k. */
 #define TOPK_THREADS 1024
-#define TOPK_N 4096
+#define TOPK_N (4 * TOPK_THREADS)
 
 /* What a list of keys stands for, over all the candidates of its piece or group: their number,
  * the first one's y, and the sum of exp(y - first). */
@@ -231,6 +234,16 @@ struct topk_stat {
     double sum;
     float first;
     int count;
+};
+
+/* The block's shared memory. */
+struct topk_smem {
+    unsigned long long top[TMX_TOPK_MAX]; /* the k largest keys, then sorted */
+    int hist[256];
+    int digit, above, at, n_top;
+    double red_sum[32];
+    int red_count[32];
+    float red_first[32];
 };
 
 __device__ __forceinline__ float key_y(unsigned long long k) {
@@ -246,6 +259,12 @@ static __host__ __device__ int pow2_at_least(int n) {
     int p = 1;
     while (p < n) p *= 2;
     return p;
+}
+
+/* Threads of a block that holds `keys` keys: 4 a thread, at least 64 (sorting k <= 256). */
+static int topk_threads(int keys) {
+    const int t = pow2_at_least((keys + 3) / 4);
+    return t < 64 ? 64 : t > TOPK_THREADS ? TOPK_THREADS : t;
 }
 
 /* keys[0..n) descending, n a power of two up to 4 * blockDim.x: a bitonic sort by the whole
@@ -273,7 +292,7 @@ __device__ void sort_keys_desc(unsigned long long *keys, int n) {
         __syncthreads();
         if (warp_in) {
             unsigned long long v[4];
-            for (int j = 0; j < 4; j++) v[j] = keys[base + j];
+            for (int j = 0; j < 4; j++) v[j] = base + j < n ? keys[base + j] : 0;
             for (; stride >= 4; stride /= 2)
                 for (int j = 0; j < 4; j++) {
                     const unsigned long long o = __shfl_xor_sync(0xffffffffu, v[j], stride / 4);
@@ -297,15 +316,70 @@ __device__ void sort_keys_desc(unsigned long long *keys, int n) {
     __syncthreads();
 }
 
-/* The block's list: the first k of its sorted keys[0..n) and its stat, into the next level's
- * lists, or, when it is the row's last (one block a row), into the op's outputs. */
+/* The k largest nonzero keys of v (4 a thread) into sm->top, sorted; their number (fewer than
+ * k when fewer are nonzero) into sm->n_top. */
+__device__ void block_top(const unsigned long long v[4], int k, topk_smem *sm) {
+    const int lane = threadIdx.x % 32;
+    unsigned long long prefix = 0, mask = 0; /* the bytes of the k-th largest found so far */
+    int want = k;                            /* of the keys under prefix, how many are kept */
+    int nonzero = 0;
+    for (int j = 0; j < 4; j++) nonzero += v[j] != 0;
+    nonzero = block_sum(nonzero, sm->red_count);
+    if (nonzero > k) {
+        for (int shift = 56; shift >= 0; shift -= 8) {
+            for (int i = threadIdx.x; i < 256; i += blockDim.x) sm->hist[i] = 0;
+            __syncthreads();
+            for (int j = 0; j < 4; j++) { /* one atomic a byte value a warp */
+                const int b = v[j] && (v[j] & mask) == prefix ? (int)(v[j] >> shift & 255) : -1;
+                const unsigned peers = __match_any_sync(0xffffffffu, b);
+                if (b >= 0 && lane == __ffs(peers) - 1) atomicAdd(&sm->hist[b], __popc(peers));
+            }
+            __syncthreads();
+            if (threadIdx.x < 32) { /* lane l: byte values 255 - 8l down to 248 - 8l */
+                int c[8], mine = 0;
+                for (int i = 0; i < 8; i++) mine += c[i] = sm->hist[255 - 8 * lane - i];
+                int incl = mine;
+                for (int o = 1; o < 32; o *= 2) {
+                    const int t = __shfl_up_sync(0xffffffffu, incl, o);
+                    if (lane >= o) incl += t;
+                }
+                int above = incl - mine;
+                if (above < want && want <= incl)
+                    for (int i = 0; i < 8; i++) {
+                        if (above + c[i] >= want) {
+                            sm->digit = 255 - 8 * lane - i;
+                            sm->above = above;
+                            sm->at = c[i];
+                            break;
+                        }
+                        above += c[i];
+                    }
+            }
+            __syncthreads();
+            want -= sm->above;
+            prefix |= (unsigned long long)sm->digit << shift;
+            mask |= 255ull << shift;
+            if (sm->at == want) break; /* every key under prefix is kept */
+        }
+    }
+    if (threadIdx.x == 0) sm->n_top = 0;
+    __syncthreads();
+    for (int j = 0; j < 4; j++) /* kept: under prefix or above it, in the bytes decided */
+        if (v[j] && (v[j] & mask) >= prefix) sm->top[atomicAdd(&sm->n_top, 1)] = v[j];
+    __syncthreads();
+    const int n = sm->n_top, np = pow2_at_least(n);
+    for (int i = n + threadIdx.x; i < np; i += blockDim.x) sm->top[i] = 0;
+    sort_keys_desc(sm->top, np);
+}
+
+/* The block's list: sm->top and its stat, into the next level's lists, or, when it is the
+ * row's last (one block a row), into the op's outputs. */
 __device__ void topk_emit(unsigned long long *out, topk_stat *st_out, float *ys, int32_t *ids,
-                          double *stats, const unsigned long long *keys, int n, int k,
-                          topk_stat st) {
-    const int row = blockIdx.y;
+                          double *stats, const topk_smem *sm, int k, topk_stat st) {
+    const int row = blockIdx.y, n = sm->n_top;
     if (gridDim.x == 1) {
         for (int i = threadIdx.x; i < k; i += blockDim.x) {
-            const unsigned long long key = i < n ? keys[i] : 0;
+            const unsigned long long key = i < n ? sm->top[i] : 0;
             ys[(int64_t)row * k + i] = key ? key_y(key) : -INFINITY;
             ids[(int64_t)row * k + i] = key ? key_col(key) : -1;
         }
@@ -316,7 +390,7 @@ __device__ void topk_emit(unsigned long long *out, topk_stat *st_out, float *ys,
         return;
     }
     const int64_t list = (int64_t)row * gridDim.x + blockIdx.x;
-    for (int i = threadIdx.x; i < k; i += blockDim.x) out[list * k + i] = i < n ? keys[i] : 0;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) out[list * k + i] = i < n ? sm->top[i] : 0;
     if (threadIdx.x == 0) st_out[list] = st;
 }
 
@@ -324,28 +398,29 @@ __device__ void topk_emit(unsigned long long *out, topk_stat *st_out, float *ys,
 __global__ void __launch_bounds__(TOPK_THREADS)
 topk_piece_kernel(unsigned long long *out, topk_stat *st_out, float *ys, int32_t *ids,
                   double *stats, const float *x, const float *temps, int d, int ld, int k) {
-    __shared__ unsigned long long keys[TOPK_N];
-    __shared__ double red_sum[32];
-    __shared__ int red_count[32];
+    __shared__ topk_smem sm;
     const float *xr = x + (int64_t)blockIdx.y * ld;
     const float t = temps[blockIdx.y];
-    const int base = blockIdx.x * TOPK_N, n = pow2_at_least(min(TOPK_N, d - base));
-    int count = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = base + i < d ? xr[base + i] : NAN;
-        const unsigned long long key = isnan(v) || v == -INFINITY ? 0 : argmax_key(v / t, base + i);
-        keys[i] = key;
-        count += key != 0;
+    const int base = blockIdx.x * 4 * blockDim.x;
+    unsigned long long v[4];
+    for (int j = 0; j < 4; j++) {
+        const int col = base + j * blockDim.x + threadIdx.x;
+        const float x = col < d ? xr[col] : NAN;
+        v[j] = isnan(x) || x == -INFINITY ? 0 : argmax_key(x / t, col);
     }
-    sort_keys_desc(keys, n);
-    const unsigned long long top = keys[0];
-    const float first = top ? key_y(top) : -INFINITY;
+    block_top(v, k, &sm);
+    const unsigned long long top = sm.top[0];
+    const float first = sm.n_top ? key_y(top) : -INFINITY;
     double sum = 0.0;
-    for (int i = threadIdx.x; top && i < n && keys[i]; i += blockDim.x)
-        sum += exp((double)key_y(keys[i]) - first);
-    sum = block_sum(sum, red_sum);
-    count = block_sum(count, red_count);
-    topk_emit(out, st_out, ys, ids, stats, keys, n, k, topk_stat{sum, first, count});
+    int count = 0;
+    for (int j = 0; j < 4; j++)
+        if (v[j]) {
+            sum += exp((double)key_y(v[j]) - first);
+            count++;
+        }
+    sum = block_sum(sum, sm.red_sum);
+    count = block_sum(count, sm.red_count);
+    topk_emit(out, st_out, ys, ids, stats, &sm, k, topk_stat{sum, first, count});
 }
 
 /* Next levels, grid (groups, rows): group g merges lists [g * per, (g + 1) * per) of the
@@ -354,21 +429,22 @@ __global__ void __launch_bounds__(TOPK_THREADS)
 topk_merge_kernel(unsigned long long *out, topk_stat *st_out, float *ys, int32_t *ids,
                   double *stats, const unsigned long long *in, const topk_stat *st_in, int n_in,
                   int per, int k) {
-    __shared__ unsigned long long keys[TOPK_N];
-    __shared__ double red_sum[32];
-    __shared__ int red_count[32];
-    __shared__ float red_first[32];
-    const int l0 = blockIdx.x * per, nl = min(per, n_in - l0), n = pow2_at_least(nl * k);
+    __shared__ topk_smem sm;
+    const int l0 = blockIdx.x * per, nl = min(per, n_in - l0);
     const unsigned long long *src = in + ((int64_t)blockIdx.y * n_in + l0) * k;
     const topk_stat *st = st_in + (int64_t)blockIdx.y * n_in + l0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) keys[i] = i < nl * k ? src[i] : 0;
+    unsigned long long v[4];
+    for (int j = 0; j < 4; j++) {
+        const int i = j * blockDim.x + threadIdx.x;
+        v[j] = i < nl * k ? src[i] : 0;
+    }
     float first = -INFINITY;
     for (int i = threadIdx.x; i < nl; i += blockDim.x)
         if (st[i].count) first = fmaxf(first, st[i].first);
     first = warp_max(first);
-    if (threadIdx.x % 32 == 0) red_first[threadIdx.x / 32] = first;
+    if (threadIdx.x % 32 == 0) sm.red_first[threadIdx.x / 32] = first;
     __syncthreads();
-    first = threadIdx.x % 32 < blockDim.x / 32 ? red_first[threadIdx.x % 32] : -INFINITY;
+    first = threadIdx.x % 32 < blockDim.x / 32 ? sm.red_first[threadIdx.x % 32] : -INFINITY;
     first = warp_max(first);
     double sum = 0.0;
     int count = 0;
@@ -377,10 +453,10 @@ topk_merge_kernel(unsigned long long *out, topk_stat *st_out, float *ys, int32_t
             sum += st[i].sum * exp((double)st[i].first - first);
             count += st[i].count;
         }
-    sum = block_sum(sum, red_sum);
-    count = block_sum(count, red_count);
-    sort_keys_desc(keys, n);
-    topk_emit(out, st_out, ys, ids, stats, keys, n, k, topk_stat{sum, first, count});
+    sum = block_sum(sum, sm.red_sum);
+    count = block_sum(count, sm.red_count);
+    block_top(v, k, &sm);
+    topk_emit(out, st_out, ys, ids, stats, &sm, k, topk_stat{sum, first, count});
 }
 
 extern "C" void cu_topk(void *ctx, float *ys, int32_t *ids, double *stats, const float *x,
@@ -408,11 +484,13 @@ extern "C" void cu_topk(void *ctx, float *ys, int32_t *ids, double *stats, const
         float *yr = ys + (int64_t)r0 * k;
         int32_t *ir = ids + (int64_t)r0 * k;
         double *sr = stats + 2 * (int64_t)r0;
-        topk_piece_kernel<<<dim3(pieces, nr), TOPK_THREADS, 0, c->stream>>>(
-            keys[0], st[0], yr, ir, sr, x + (int64_t)r0 * ld, temps + r0, d, ld, k);
+        topk_piece_kernel<<<dim3(pieces, nr), topk_threads(d < TOPK_N ? d : TOPK_N), 0,
+                            c->stream>>>(keys[0], st[0], yr, ir, sr, x + (int64_t)r0 * ld,
+                                         temps + r0, d, ld, k);
         if (!cu_check_launch(c, "topk")) return;
         for (int n_in = pieces, at = 0; n_in > 1; n_in = (n_in + per - 1) / per, at ^= 1) {
-            topk_merge_kernel<<<dim3((n_in + per - 1) / per, nr), TOPK_THREADS, 0, c->stream>>>(
+            const int threads = topk_threads((n_in < per ? n_in : per) * k);
+            topk_merge_kernel<<<dim3((n_in + per - 1) / per, nr), threads, 0, c->stream>>>(
                 keys[at ^ 1], st[at ^ 1], yr, ir, sr, keys[at], st[at], n_in, per, k);
             if (!cu_check_launch(c, "topk")) return;
         }
