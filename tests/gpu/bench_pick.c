@@ -10,8 +10,9 @@
  *
  *     tmx-bench-pick [KERNELS [OUT.json]]      (default cuda)
  *
- * Greedy logits are random in [-8, 8]; sampled ones add 16 to 64 random ids, a head that holds
- * about 94% of the mass at temperature 1, as a trained model's often does. Each way runs
+ * Greedy logits are random in [-8, 8]. Sampled ones: the same plus 16 on 64 random ids, a head
+ * that holds nearly all the mass (a confident model: no draw walks past the candidates), and
+ * the flat ones at temperature 1 (most draws do, and read their row back). Each way runs
  * REPEAT times (sampled: REPEAT_SAMPLED), each a full round trip (the read waits for the
  * device, as a step's does); the tables give microseconds a step. A last table gives the set's
  * copies between the device and pageable host memory, which the logits ride on: buf_write and
@@ -120,8 +121,12 @@ static int logits(const struct tmx_kernels *k, void *x, float *xh, int V, int he
  * tokens (the device's softmax denominator is summed in another order than the host's, so a
  * draw could differ if its number fell within rounding of a boundary: not in these runs). */
 static int sampled(const struct tmx_kernels *k, void *x, float *xh, FILE *json) {
-    static const struct tmx_sampler_params settings[] = {{1.0f, 0, 1.0f, 0.0f, 1},
-                                                         {0.8f, 0, 0.95f, 0.0f, 2}};
+    static const struct {
+        struct tmx_sampler_params p;
+        int head; /* logits with a head, or flat */
+    } settings[] = {{{1.0f, 0, 1.0f, 0.0f, 1}, 1},
+                    {{0.8f, 0, 0.95f, 0.0f, 2}, 1},
+                    {{1.0f, 0, 1.0f, 0.0f, 3}, 0}};
     enum { K = TMX_TOPK_MAX, ROW = K * 8 + 16 }; /* a row's y, ids and stats, packed as the
                                                     core packs them for one read */
     float *top = NULL, *temps = NULL, *row = malloc((size_t)VMAX * sizeof *row), th[NMAX];
@@ -131,14 +136,14 @@ static int sampled(const struct tmx_kernels *k, void *x, float *xh, FILE *json) 
                  k->ops->buf_alloc(k->ctx, (size_t)NMAX * ROW, (void **)&top) != TMX_OK ||
                  k->ops->buf_alloc(k->ctx, NMAX * sizeof *temps, (void **)&temps) != TMX_OK;
     uint64_t rng = 2;
-    printf("\n%7s %3s %5s %5s  %10s %10s  %7s  %s\n", "vocab", "n", "temp", "top_p", "topk us",
-           "read us", "saved", "rows read back");
-    for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0] && !failed; v++) {
-        const int V = vocabs[v];
-        failed |= !logits(k, x, xh, V, 1, &rng);
-        for (size_t c = 0; c < sizeof settings / sizeof settings[0] && !failed; c++)
+    printf("\n%7s %3s %5s %5s %5s  %10s %10s  %7s  %s\n", "vocab", "n", "head", "temp",
+           "top_p", "topk us", "read us", "saved", "rows read back");
+    for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0] && !failed; v++)
+        for (size_t c = 0; c < sizeof settings / sizeof settings[0] && !failed; c++) {
+            const int V = vocabs[v];
+            failed |= !logits(k, x, xh, V, settings[c].head, &rng);
             for (size_t r = 0; r < sizeof rows / sizeof rows[0] && !failed; r++) {
-                const struct tmx_sampler_params *p = &settings[c];
+                const struct tmx_sampler_params *p = &settings[c].p;
                 const int n = rows[r];
                 for (int j = 0; j < n && !failed; j++) {
                     th[j] = p->temperature;
@@ -181,15 +186,18 @@ static int sampled(const struct tmx_kernels *k, void *x, float *xh, FILE *json) 
                 for (int i = 0; i < REPEAT_SAMPLED && same; i++)
                     for (int j = 0; j < n && same; j++) same = got[i][j] == want[i][j];
                 failed |= !same;
-                printf("%7d %3d %5.2f %5.2f  %10.2f %10.2f  %6.2fx  %d of %d%s\n", V, n,
-                       p->temperature, p->top_p, t_dev * 1e6, t_host * 1e6, t_host / t_dev,
-                       fallbacks, n * REPEAT_SAMPLED, same ? "" : "  FAIL: the draws differ");
+                printf("%7d %3d %5s %5.2f %5.2f  %10.2f %10.2f  %6.2fx  %d of %d%s\n", V, n,
+                       settings[c].head ? "yes" : "flat", p->temperature, p->top_p, t_dev * 1e6,
+                       t_host * 1e6, t_host / t_dev, fallbacks, n * REPEAT_SAMPLED,
+                       same ? "" : "  FAIL: the draws differ");
                 if (json)
-                    fprintf(json, "%s\n {\"vocab\": %d, \"n\": %d, \"temperature\": %.2f, "
-                            "\"top_p\": %.2f, \"topk_us\": %.3f, \"read_host_us\": %.3f, "
-                            "\"rows_read_back\": %d, \"draws\": %d, \"same\": %s}",
-                            v || c || r ? "," : "", V, n, p->temperature, p->top_p, t_dev * 1e6,
-                            t_host * 1e6, fallbacks, n * REPEAT_SAMPLED, same ? "true" : "false");
+                    fprintf(json, "%s\n {\"vocab\": %d, \"n\": %d, \"head\": %s, "
+                            "\"temperature\": %.2f, \"top_p\": %.2f, \"topk_us\": %.3f, "
+                            "\"read_host_us\": %.3f, \"rows_read_back\": %d, \"draws\": %d, "
+                            "\"same\": %s}", v || c || r ? "," : "", V, n,
+                            settings[c].head ? "true" : "false", p->temperature, p->top_p,
+                            t_dev * 1e6, t_host * 1e6, fallbacks, n * REPEAT_SAMPLED,
+                            same ? "true" : "false");
                 for (int j = 0; j < n; j++) {
                     tmx_sampler_free(a[j]);
                     tmx_sampler_free(b[j]);
