@@ -155,6 +155,31 @@ template <> struct w4<TMX_DTYPE_F32> {
     static __device__ __forceinline__ float4 f32(raw u) { return u; }
 };
 
+/* The end of a split-k GEMV block (gemv_split_kernel, mxfp8_gemv_kernel): each warp's sums of
+ * R rows and NT tokens meet in red, and y[t0 + t][r0 + r] gets their total for the block's
+ * rows < rows and tokens < nt. */
+template <int R, int NT>
+__device__ __forceinline__ void split_k_store(const float (&acc)[R][NT], float (*red)[R][NT],
+                                              float *__restrict__ y, int m, int r0, int rows,
+                                              int t0, int nt) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0) red[warp][r][t] = v;
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < R * NT; i += blockDim.x) {
+        const int r = i / NT, t = i % NT;
+        if (r >= rows || t >= nt) continue;
+        float sum = 0.0f;
+        for (int v = 0; v < GEMV_WARPS; v++) sum += red[v][r][t];
+        y[(int64_t)(t0 + t) * m + r0 + r] = sum;
+    }
+}
+
 /* What a lane holds of 4 weights of the next step: as loaded (RAW) or already as f32. */
 template <int DT, bool RAW> struct held {
     typedef typename w4<DT>::raw type;
@@ -227,21 +252,7 @@ gemv_split_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k) 
                                  q[r][j].w * a[j].w;
         }
     }
-#pragma unroll
-    for (int r = 0; r < SK_ROWS; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float v = warp_sum(acc[r][t]);
-            if (lane == 0) red[warp][r][t] = v;
-        }
-    __syncthreads();
-    for (int i = threadIdx.x; i < SK_ROWS * NT; i += blockDim.x) {
-        const int r = i / NT, t = i % NT;
-        if (r >= rows || t >= nt) continue;
-        float sum = 0.0f;
-        for (int v = 0; v < GEMV_WARPS; v++) sum += red[v][r][t];
-        y[(int64_t)(t0 + t) * m + r0 + r] = sum;
-    }
+    split_k_store(acc, red, y, m, r0, rows, t0, nt);
 }
 
 /* One token over enough rows to fill the GPU (1,024: 128 blocks of gemv_kernel) reads the
@@ -372,21 +383,7 @@ mxfp8_gemv_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k) 
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < MX_ROWS; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float v = warp_sum(acc[r][t]);
-            if (lane == 0) red[warp][r][t] = v;
-        }
-    __syncthreads();
-    for (int i = threadIdx.x; i < MX_ROWS * NT; i += blockDim.x) {
-        const int r = i / NT, t = i % NT;
-        if (r >= rows || t >= nt) continue;
-        float sum = 0.0f;
-        for (int v = 0; v < GEMV_WARPS; v++) sum += red[v][r][t];
-        y[(int64_t)(t0 + t) * m + r0 + r] = sum;
-    }
+    split_k_store(acc, red, y, m, r0, rows, t0, nt);
 }
 
 template <int NT>

@@ -39,51 +39,43 @@ for codec in e4m3 fp4; do
 done
 
 prompt="It was a dark and stormy night; the rain fell in torrents, and"
+sample=(--temperature 0.8 --top-p 0.95 --seed 7)
+# 64 tokens of model $dir with kernels cpu and cuda (more tmx generate arguments after the
+# label); prints how the texts compare
+cpu_vs_cuda() {
+    local label=$1
+    shift
+    for k in cpu cuda; do
+        "$bin/tmx" generate --model "$dir" --prompt "$prompt" -n 64 --set kernels=$k "$@" \
+            > "$OUT/g-$k.txt" 2>> "$log"
+        { echo "--- $m $k $label"; cat "$OUT/g-$k.txt"; } >> "$log"
+    done
+    python3 - "$OUT/g-cpu.txt" "$OUT/g-cuda.txt" <<'EOF'
+import sys
+a, b = (open(p, errors="replace").read().rsplit("\n", 2)[0] for p in sys.argv[1:3])
+n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print("identical" if a == b and a else f"differ@char{n}/{len(a)}")
+EOF
+}
 rows=()
 for m in teacher k3-e4m3 k3-fp4; do
     dir=models/muse-mini
     [ "$m" = teacher ] || dir=$work/$m
-    texts=()
-    for k in cpu cuda; do
-        "$bin/tmx" generate --model "$dir" --prompt "$prompt" -n 64 --set kernels=$k \
-            > "$OUT/g-$k.txt" 2>> "$log"
-        { echo "--- $m $k"; cat "$OUT/g-$k.txt"; } >> "$log"
-    done
-    same=$(python3 - "$OUT/g-cpu.txt" "$OUT/g-cuda.txt" <<'EOF'
-import sys
-a, b = (open(p, errors="replace").read().rsplit("\n", 2)[0] for p in sys.argv[1:3])
-n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-print("identical" if a == b and a else f"differ@char{n}/{len(a)}")
-EOF
-)
+    same=$(cpu_vs_cuda greedy)
+    sampled=$(cpu_vs_cuda sampled "${sample[@]}")
     kld=$("$bin/tmx" eval-kld --teacher "$dir" --model "$dir" --text README.md --window 512 \
             --max-windows 4 --calib none --resamples 500 --teacher-set kernels=cpu \
             --model-set kernels=cuda 2>> "$log" | grep '^headline' | cut -c 30-)
     speeds=""
-    for run in "cuda true" "cuda false" "cpu true"; do
+    for run in "cuda true greedy" "cuda false greedy" "cpu true greedy" "cuda true sampled"; do
         set -- $run
+        extra=()
+        [ $3 = sampled ] && extra=("${sample[@]}")
         "$bin/tmx" generate --model "$dir" --prompt "$prompt" -n 256 --set kernels=$1 \
-            --set graphs=$2 > "$OUT/g-long.txt" 2>> "$log"
+            --set graphs=$2 "${extra[@]}" > "$OUT/g-long.txt" 2>> "$log"
         tps=$(grep -ao '[0-9.]* tokens/s' "$OUT/g-long.txt" | head -1 | cut -d' ' -f1) # decode, not the prompt's
-        speeds+="$1$([ $2 = false ] && echo -eager) ${tps:-error}, "
+        speeds+="$1$([ $2 = false ] && echo -eager)$([ $3 = sampled ] && echo ' sampled') ${tps:-error}, "
     done
-    sample=(--temperature 0.8 --top-p 0.95 --seed 7)
-    for k in cpu cuda; do
-        "$bin/tmx" generate --model "$dir" --prompt "$prompt" -n 64 --set kernels=$k \
-            "${sample[@]}" > "$OUT/g-$k.txt" 2>> "$log"
-        { echo "--- $m $k sampled"; cat "$OUT/g-$k.txt"; } >> "$log"
-    done
-    sampled=$(python3 - "$OUT/g-cpu.txt" "$OUT/g-cuda.txt" <<'EOF'
-import sys
-a, b = (open(p, errors="replace").read().rsplit("\n", 2)[0] for p in sys.argv[1:3])
-n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-print("identical" if a == b and a else f"differ@char{n}/{len(a)}")
-EOF
-)
-    "$bin/tmx" generate --model "$dir" --prompt "$prompt" -n 256 --set kernels=cuda \
-        "${sample[@]}" > "$OUT/g-long.txt" 2>> "$log"
-    tps=$(grep -ao '[0-9.]* tokens/s' "$OUT/g-long.txt" | head -1 | cut -d' ' -f1)
-    speeds+="cuda sampled ${tps:-error}, "
     rows+=("$m|$same|${kld:-error}|${speeds%, }|$sampled")
 done
 rm -f "$OUT"/g-*.txt
