@@ -31,8 +31,9 @@ struct group {
     int32_t *tables;          /* device [max_seqs][max_blocks] block tables of the step */
 };
 
-/* What rank 0 broadcasts before each step's arrays. */
-enum { CMD_STEP = 1, CMD_QUIT = 2 };
+/* What rank 0 broadcasts before each step's arrays (CMD_ROW: no arrays; every rank sends its
+ * slice of row n of the last step's logits, tmx_model_read_logits). */
+enum { CMD_STEP = 1, CMD_QUIT = 2, CMD_ROW = 3 };
 /* What a step hands back of each row: its logits, its argmax, or its first candidates for a
  * sampler (tmx/kernels.h, topk), the last two over ids [0, n_vocab). */
 enum { PICK_LOGITS = 0, PICK_GREEDY = 1, PICK_TOP = 2, N_PICKS = 3 };
@@ -43,9 +44,10 @@ struct step_head {
 
 /* A step's host arrays, views of kv->msg packed in this order so that one broadcast carries
  * them all: tok, pos, seq [n]; the groups' slots [n]; rows [n_rows]; the groups' tables
- * [n_seqs][max_blocks]. */
+ * [n_seqs][max_blocks]; with PICK_TOP the rows' temperatures [n_rows]. */
 struct step_arrays {
     int32_t *tok, *pos, *seq, *slot[N_GROUPS], *rows, *tables[N_GROUPS];
+    float *temps;
 };
 
 struct kv_state {
@@ -73,6 +75,9 @@ struct kv_state {
                                     y [r][TMX_TOPK_MAX] float, ids [r][TMX_TOPK_MAX] int32,
                                     stats [r][2] double; room for max_seqs rows */
     void *top_host;              /* host: the same, read back */
+    void *top_all;               /* TP: [ranks][max_seqs * TOP_ROW_BYTES] gathered kv->top */
+    void *top_gathered;          /* host TP, rank 0: top_all read back */
+    int *top_at;                 /* host TP: [ranks] a merge's place in each rank's list */
     int n_rows_read;             /* rows of kv->logits the last step left */
     int32_t *msg;                /* host: the step's arrays (struct step_arrays) */
     int32_t *tok_host;           /* host TP: [B] token ids as rows of this rank's embedding */
@@ -109,7 +114,8 @@ static size_t step_arrays(const struct kv_state *kv, const struct step_head *h,
     a->rows = p + 5 * n;
     a->tables[FULL] = a->rows + h->n_rows;
     a->tables[SLIDING] = a->tables[FULL] + tables;
-    return 5 * n + (size_t)h->n_rows + 2 * tables;
+    a->temps = (float *)(a->tables[SLIDING] + tables);
+    return 5 * n + (size_t)h->n_rows * (h->pick == PICK_TOP ? 2 : 1) + 2 * tables;
 }
 
 /* --- the cache ----------------------------------------------------------------------------- */
@@ -164,10 +170,8 @@ static enum tmx_status cache_init(struct tmx_model *m, struct kv_state *kv, char
 #define TOP_ROW_BYTES (TMX_TOPK_MAX * (sizeof(float) + sizeof(int32_t)) + 2 * sizeof(double))
 
 /* Whether a step can hand back each row's first candidates (the set's topk) instead of its
- * logits: one rank only, so far. */
-static int top_on_set(const struct tmx_model *m) {
-    return m->tp.n == 1 && TMX_OPS_HAS(m->k->ops, topk);
-}
+ * logits. */
+static int top_on_set(const struct tmx_model *m) { return TMX_OPS_HAS(m->k->ops, topk); }
 
 static enum tmx_status step_buffers_init(struct tmx_model *m, struct kv_state *kv, char **err) {
     const struct tmx_model_config *c = &m->cfg;
@@ -201,6 +205,9 @@ static enum tmx_status step_buffers_init(struct tmx_model *m, struct kv_state *k
             (st = dev_alloc(m, &kv->top, bytes, err)) == TMX_OK &&
             !(kv->top_host = malloc(bytes)))
             st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+        if (st == TMX_OK && R > 1 && (st = dev_alloc(m, &kv->top_all, R * bytes, err)) == TMX_OK &&
+            (!(kv->top_gathered = malloc(R * bytes)) || !(kv->top_at = malloc(R * sizeof(int)))))
+            st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
     if (st == TMX_OK && R > 1) {
         st = dev_alloc(m, &kv->part, B * (K * lat + D) * F, err);
@@ -211,7 +218,7 @@ static enum tmx_status step_buffers_init(struct tmx_model *m, struct kv_state *k
         if (st == TMX_OK && (!kv->tok_host || !kv->gathered || !kv->status))
             st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
-    kv->msg = malloc(6 * B * 4 + 2 * T);
+    kv->msg = malloc(7 * B * 4 + 2 * T);
     if (st == TMX_OK && !kv->msg) st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     return st;
 }
@@ -289,7 +296,8 @@ void tmx_model_kv_free(struct tmx_model *m) {
     void *bufs[] = {kv->tok, kv->pos, kv->seq, kv->rows, kv->h, kv->x, kv->o, kv->q, kv->att,
                     kv->kk, kv->vv, kv->f1, kv->f2, kv->rl, kv->rw, kv->rid, kv->z, kv->y,
                     kv->hn, kv->logits, kv->g[0].slot, kv->g[0].tables, kv->g[1].slot,
-                    kv->g[1].tables, kv->part, kv->logits_all, kv->pick, kv->temps, kv->top};
+                    kv->g[1].tables, kv->part, kv->logits_all, kv->pick, kv->temps, kv->top,
+                    kv->top_all};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(m, bufs[i]);
     for (int g = 0; g < N_GROUPS; g++) tmx_kv_pool_free(kv->g[g].pool);
     free(kv->msg);
@@ -298,6 +306,8 @@ void tmx_model_kv_free(struct tmx_model *m) {
     free(kv->status);
     free(kv->host_logits);
     free(kv->top_host);
+    free(kv->top_gathered);
+    free(kv->top_at);
     free(kv->cache);
     free(kv);
     m->kv = NULL;
@@ -754,15 +764,94 @@ struct step_out {
     double *top_stat;
 };
 
-/* The set's topk over kv->logits of r rows into kv->top, packed for r rows (queued or
- * recorded). */
+/* Views of a packed top buffer of r rows: y [r][TMX_TOPK_MAX], ids [r][TMX_TOPK_MAX],
+ * stats [r][2]. */
+struct top_view {
+    float *y;
+    int32_t *ids;
+    double *stats;
+};
+
+static struct top_view top_view(void *buf, int r) {
+    struct top_view v = {buf, NULL, NULL};
+    v.ids = (int32_t *)(v.y + (size_t)r * TMX_TOPK_MAX);
+    v.stats = (double *)(v.ids + (size_t)r * TMX_TOPK_MAX);
+    return v;
+}
+
+/* Columns of this rank's vocabulary slice below n_vocab. */
+static int slice_width(const struct tp_shard *tp, int n_vocab) {
+    const int d = n_vocab - tp->vocab0 < tp->vocab_n ? n_vocab - tp->vocab0 : tp->vocab_n;
+    return d > 0 ? d : 0;
+}
+
+/* The set's topk over kv->logits of r rows (this rank's slice below h->n_vocab) into kv->top,
+ * packed for r rows (queued or recorded). A rank whose ids all lie past n_vocab has none: rank
+ * 0 skips it. */
 static void top_rows(struct tmx_model *m, const struct step_head *h, int r) {
     struct kv_state *kv = m->kv;
-    float *y = kv->top;
-    int32_t *ids = (int32_t *)(y + (size_t)r * TMX_TOPK_MAX);
-    double *stats = (double *)(ids + (size_t)r * TMX_TOPK_MAX);
-    m->k->ops->topk(m->k->ctx, y, ids, stats, kv->logits, kv->temps, r, h->n_vocab,
-                    m->tp.vocab_n, TMX_TOPK_MAX);
+    const int d = slice_width(&m->tp, h->n_vocab);
+    const struct top_view v = top_view(kv->top, r);
+    if (d > 0)
+        m->k->ops->topk(m->k->ctx, v.y, v.ids, v.stats, kv->logits, kv->temps, r, d,
+                        m->tp.vocab_n, TMX_TOPK_MAX);
+}
+
+/* TP, rank 0: row i's first candidates from every rank's (gathered, rank q's r rows at
+ * gathered + q * part): the first TMX_TOPK_MAX of their union, in candidate order (ranks hold
+ * ascending ids, so the lower rank first among equal y), and the softmax denominator, each
+ * rank's rescaled to the largest first y. */
+static void merge_top(const struct tmx_model *m, const unsigned char *gathered, size_t part,
+                      int r, int i, int n_vocab, const struct step_out *out) {
+    const struct tp_shard *tp = &m->tp;
+    const size_t at_i = (size_t)i * TMX_TOPK_MAX;
+    int *at = m->kv->top_at; /* the next of rank q's candidates; TMX_TOPK_MAX: none left */
+    float first = -INFINITY;
+    double sum = 0.0, count = 0.0;
+    for (int q = 0; q < tp->n; q++) {
+        const struct top_view v = top_view((void *)(gathered + q * part), r);
+        const int live = n_vocab > q * tp->vocab_stride && v.stats[2 * i + 1] > 0;
+        at[q] = live ? 0 : TMX_TOPK_MAX;
+        if (live && v.y[at_i] > first) first = v.y[at_i];
+    }
+    for (int q = 0; q < tp->n; q++) {
+        const struct top_view v = top_view((void *)(gathered + q * part), r);
+        if (at[q] == 0) {
+            sum += v.stats[2 * i] * exp((double)v.y[at_i] - first);
+            count += v.stats[2 * i + 1];
+        }
+    }
+    for (int j = 0; j < TMX_TOPK_MAX; j++) {
+        int best = -1;
+        float y_best = 0.0f;
+        for (int q = 0; q < tp->n; q++) {
+            const struct top_view v = top_view((void *)(gathered + q * part), r);
+            if (at[q] == TMX_TOPK_MAX || v.ids[at_i + at[q]] < 0) continue;
+            if (best < 0 || v.y[at_i + at[q]] > y_best) best = q, y_best = v.y[at_i + at[q]];
+        }
+        out->top_y[at_i + j] = best < 0 ? -INFINITY : y_best;
+        out->top_id[at_i + j] = -1;
+        if (best >= 0) {
+            const struct top_view v = top_view((void *)(gathered + best * part), r);
+            out->top_id[at_i + j] = best * tp->vocab_stride + v.ids[at_i + at[best]++];
+        }
+    }
+    out->top_stat[2 * i] = count > 0 ? sum : 0.0;
+    out->top_stat[2 * i + 1] = count;
+}
+
+/* TP: every rank's kv->top of r rows to rank 0 (out's arrays NULL: a follower, which only
+ * sends), which merges them into out. */
+static enum tmx_status gather_top(struct tmx_model *m, const struct step_head *h, int r,
+                                  const struct step_out *out, char **err) {
+    struct kv_state *kv = m->kv;
+    const size_t part = (size_t)r * TOP_ROW_BYTES;
+    enum tmx_status st = tmx_comm_allgather(m->tp.data, kv->top, kv->top_all, part, err);
+    if (st != TMX_OK || !out->top_y) return st;
+    st = m->k->ops->buf_read(m->k->ctx, kv->top_gathered, kv->top_all, part * m->tp.n);
+    for (int i = 0; st == TMX_OK && i < r; i++)
+        merge_top(m, kv->top_gathered, part, r, i, h->n_vocab, out);
+    return st;
 }
 
 /* kv->top of r rows -> out's arrays, in one read. */
@@ -786,9 +875,9 @@ static enum tmx_status read_rows(struct tmx_model *m, const struct step_head *h,
     const size_t V = (size_t)m->cfg.vocab_size;
     if (h->pick == PICK_GREEDY)
         return pick_rows(m, r, h->n_vocab, out->next ? out->next + done : NULL, err);
-    if (h->pick == PICK_TOP) { /* one rank, one read of at most max_seqs rows: done is 0 */
+    if (h->pick == PICK_TOP) { /* at most max_seqs rows: done is 0 */
         top_rows(m, h, r);
-        return read_top(m, r, out);
+        return m->tp.n == 1 ? read_top(m, r, out) : gather_top(m, h, r, out, err);
     }
     return read_logits(m, r, out->logits ? out->logits + (size_t)done * V : NULL, err);
 }
@@ -796,7 +885,8 @@ static enum tmx_status read_rows(struct tmx_model *m, const struct step_head *h,
 /* The whole step on h->n tokens with the output of h->n_rows rows (rows), eagerly or, for a
  * decode step of n sequences, through the graph recorded for n and the pick the set makes. */
 static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, int decode,
-                                const int32_t *rows, const struct step_out *out, char **err) {
+                                const struct step_arrays *a, const struct step_out *out,
+                                char **err) {
     const struct tmx_kernels_i *op = m->k->ops;
     struct kv_state *kv = m->kv;
     void *kc = m->k->ctx;
@@ -805,7 +895,7 @@ static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, 
     enum tmx_status st, failed;
     kv->n_rows_read = n_rows <= kv->opt.max_seqs ? n_rows : 0; /* kv->logits holds them all */
     if (h->pick == PICK_TOP) {
-        st = op->buf_write(kc, kv->temps, out->temps, (size_t)n_rows * sizeof *out->temps);
+        st = op->buf_write(kc, kv->temps, a->temps, (size_t)n_rows * sizeof *a->temps);
         if (st != TMX_OK) return st;
     }
     if (decode && kv->graphs) { /* one rank: nothing fails and runs on */
@@ -817,7 +907,7 @@ static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, 
             kv->graph_vocab[kind] = h->n_vocab;
         }
         void **graph = &kv->graphs[n + kind * G];
-        if ((st = op->buf_write(kc, kv->rows, rows, (size_t)n * 4)) != TMX_OK) return st;
+        if ((st = op->buf_write(kc, kv->rows, a->rows, (size_t)n * 4)) != TMX_OK) return st;
         if (!*graph) {
             if ((st = op->graph_begin(kc)) != TMX_OK) return st;
             st = forward_step(m, n, &failed, err);
@@ -840,7 +930,8 @@ static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, 
     if ((st = forward_step(m, n, &failed, err)) != TMX_OK) return st;
     for (int done = 0; done < n_rows; done += kv->opt.max_seqs) { /* max_seqs rows at a time */
         const int r = n_rows - done < kv->opt.max_seqs ? n_rows - done : kv->opt.max_seqs;
-        if ((st = op->buf_write(kc, kv->rows, rows + done, (size_t)r * 4)) != TMX_OK) return st;
+        if ((st = op->buf_write(kc, kv->rows, a->rows + done, (size_t)r * 4)) != TMX_OK)
+            return st;
         logits_rows(m, r);
         if ((st = read_rows(m, h, r, done, out, failed ? NULL : err)) != TMX_OK) return st;
     }
@@ -878,7 +969,7 @@ static enum tmx_status run_shared(struct tmx_model *m, const struct step_head *h
     if (st != TMX_OK) return tmx_err(err, st, "kernel set: cannot upload the step's tokens");
     const int decode = N == h->n_seqs && h->n_rows == h->n_seqs && !m->capture;
     char *ferr = NULL; /* set only by a failure that has its own message */
-    st = run_step(m, h, decode, a.rows, out, &ferr);
+    st = run_step(m, h, decode, &a, out, &ferr);
     if (ferr) {
         if (err) *err = ferr;
         else free(ferr);
@@ -974,6 +1065,7 @@ static enum tmx_status step(struct tmx_model *m, struct tmx_seq *const *seqs,
         if (!all_rows) a.rows[i] = at + n[i] - 1;
     }
     for (int j = 0; all_rows && j < N; j++) a.rows[j] = j;
+    if (pick == PICK_TOP) memcpy(a.temps, out->temps, (size_t)n_seqs * sizeof *a.temps);
 
     char *ferr = NULL;
     enum tmx_status st = share(m, &h, &ferr);
@@ -1026,9 +1118,8 @@ enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *s
                                    int n_vocab, const float *temps, float *y, int32_t *ids,
                                    double *stats, char **err) {
     if (!tmx_model_can_top(m))
-        return tmx_err(err, TMX_ERR_UNSUPPORTED, "top step: kernel set %s%s", m->k->plugin->name,
-                       m->tp.n > 1 ? " with tensor parallelism (tp > 1) hands back logits only"
-                                   : " has no topk (ABI 2.4)");
+        return tmx_err(err, TMX_ERR_UNSUPPORTED, "top step: kernel set %s has no topk (ABI 2.4)",
+                       m->k->plugin->name);
     if (n_vocab < 1 || n_vocab > m->cfg.vocab_size)
         return tmx_err(err, TMX_ERR_INVALID, "top step: n_vocab %d outside [1, %d]", n_vocab,
                        m->cfg.vocab_size);
@@ -1040,18 +1131,44 @@ enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *s
     return step(m, seqs, tokens, n, n_seqs, 0, PICK_TOP, n_vocab, &out, err);
 }
 
+/* Row i of the last step's logits (several ranks: each sends its slice, and logits NULL on a
+ * follower) into logits[vocab_size]. */
+static enum tmx_status row_logits(struct tmx_model *m, int i, float *logits, char **err) {
+    const struct tp_shard *tp = &m->tp;
+    struct kv_state *kv = m->kv;
+    const struct tmx_kernels_i *op = m->k->ops;
+    const int V = m->cfg.vocab_size, stride = tp->vocab_stride;
+    const float *row = kv->logits + (size_t)i * tp->vocab_n;
+    if (tp->n == 1) return op->buf_read(m->k->ctx, logits, row, (size_t)V * sizeof *logits);
+    const size_t part = (size_t)stride * sizeof(float);
+    enum tmx_status st = tmx_comm_allgather(tp->data, row, kv->logits_all, part, err);
+    if (st != TMX_OK || !logits) return st;
+    if ((st = op->buf_read(m->k->ctx, kv->gathered, kv->logits_all, part * tp->n)) != TMX_OK)
+        return st;
+    for (int q = 0; q < tp->n; q++)
+        memcpy(logits + (size_t)q * stride, kv->gathered + (size_t)q * stride,
+               (size_t)(q == tp->n - 1 ? V - stride * q : stride) * sizeof *logits);
+    return TMX_OK;
+}
+
 enum tmx_status tmx_model_read_logits(struct tmx_model *m, int i, float *logits, char **err) {
     const struct kv_state *kv = m->kv;
-    if (!kv || m->tp.n > 1 || i < 0 || i >= kv->n_rows_read)
-        return tmx_err(err, TMX_ERR_INVALID, "logits: row %d of the last step's %d (one rank "
-                       "only)", i, kv ? kv->n_rows_read : 0);
-    const size_t V = (size_t)m->cfg.vocab_size;
-    enum tmx_status st = m->k->ops->buf_read(m->k->ctx, logits, kv->logits + (size_t)i * V,
-                                             V * sizeof *logits);
-    if (st != TMX_OK)
-        return tmx_err(err, st, "kernel set %s: cannot read the logits back: %s",
-                       m->k->plugin->name, tmx_status_str(st));
-    return TMX_OK;
+    if (m->tp.rank != 0)
+        return tmx_err(err, TMX_ERR_INVALID, "logits: rank %d follows rank 0 "
+                       "(tmx_model_follow)", m->tp.rank);
+    if (!kv || i < 0 || i >= kv->n_rows_read)
+        return tmx_err(err, TMX_ERR_INVALID, "logits: row %d of the last step's %d", i,
+                       kv ? kv->n_rows_read : 0);
+    struct step_head h = {CMD_ROW, i, 0, 0, 0, 0};
+    char *ferr = NULL;
+    enum tmx_status st = share(m, &h, &ferr);
+    if (st == TMX_OK) st = row_logits(m, i, logits, &ferr);
+    if (st != TMX_OK) {
+        tmx_err(err, st, "kernel set %s: cannot read the logits back: %s", m->k->plugin->name,
+                ferr ? ferr : tmx_status_str(st));
+        free(ferr);
+    }
+    return st;
 }
 
 enum tmx_status tmx_seq_forward(struct tmx_seq *s, const int32_t *tokens, int n, float *logits,
@@ -1089,6 +1206,10 @@ enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
         struct step_head h;
         enum tmx_status st = tmx_comm_broadcast(m->tp.ctl, &h, sizeof h, 0, err);
         if (st != TMX_OK || h.cmd == CMD_QUIT) return st;
+        if (h.cmd == CMD_ROW) { /* rank 0 checked the row against the same last step */
+            if ((st = row_logits(m, h.n, NULL, err)) != TMX_OK) return st;
+            continue;
+        }
         if (h.cmd != CMD_STEP || h.n < 1 || h.n > kv->opt.n_batch || h.n_seqs < 1 ||
             h.n_seqs > kv->opt.max_seqs || h.n_rows < 1 || h.n_rows > h.n || h.pick < 0 ||
             h.pick >= N_PICKS || (h.pick == PICK_TOP && !top_on_set(m)) || h.n_vocab < 0 ||

@@ -214,6 +214,45 @@ def test_greedy_steps_pick_the_argmax(models, tp, kernels):
             s.close()
 
 
+@pytest.mark.parametrize("tp", [2, 4])
+def test_top_steps_merge_the_ranks_candidates(models, tp):
+    """Sampled steps: each rank finds the first candidates of its vocabulary slice and rank 0
+    merges them (kernels.cpu's topk); they must be the gathered logits' first candidates, over
+    every id and over fewer ids that end inside the last rank's slice, rank 1's and rank 0's,
+    and the row read back afterwards must be the gathered row."""
+    from test_top import check
+    model = models["kv4-f32"]
+    ids = prompt_ids(model)
+    temps = [0.7, 1.3][: len(ids)]
+    with Engine(model, ["threads=2", f"tp={tp}", "kv_block_size=8"]) as eng:
+        assert eng.can_top()
+        stride = -(-eng.vocab_size // tp)
+        a = [eng.seq(n_ctx=256) for _ in ids]
+        logits = eng.step(a, ids)
+        for n_vocab in (eng.n_vocab, eng.n_vocab - 3, stride + 5, stride - 1):
+            b = [eng.seq(n_ctx=256) for _ in ids]
+            check(eng.step_top(b, ids, temps, n_vocab=n_vocab), logits[:, :n_vocab], temps)
+            for i in range(len(ids)):
+                assert np.array_equal(eng.read_logits(i), logits[i])
+            for s in b:
+                s.close()
+        for s in a:
+            s.close()
+
+
+def test_sampled_text_on_the_candidates_matches_the_logits(models):
+    """`tmx generate --tp 2` sampling from the ranks' merged candidates (a row gathered only for
+    a draw past them) prints what it prints from every row gathered (cpu22: no topk), for one
+    seed and two settings."""
+    plugins = str(pathlib.Path(BIN_DIR).resolve().parent / "tests" / "plugins")
+    cpu22 = ["--set", "kernels=cpu22", "--set", f"plugin_dir={plugins}"]
+    for sample in (["--temperature", "1.0"], ["--temperature", "0.7", "--top-p", "0.9"]):
+        args = ["--tp", "2", "--seed", "11"] + sample
+        text = generate(models["kv4-bf16"], *args)
+        assert text == generate(models["kv4-bf16"], *args, *cpu22)
+        assert len(text) > 40
+
+
 def test_indivisible_config_is_one_line(tmp_path):
     model = str(tmp_path / "tiny")  # the default tiny: 2 KV heads
     run(sys.executable, str(ROOT / "tools" / "make_tiny_model.py"), model)

@@ -177,8 +177,8 @@ enum tmx_status tmx_model_step_greedy(struct tmx_model *m, struct tmx_seq *const
                                       const int32_t *const *tokens, const int *n, int n_seqs,
                                       int n_vocab, int32_t *next, char **err);
 
-/* Whether tmx_model_step_top runs here: the kernel set has topk (ABI 2.4) and the model is one
- * rank (a TP group hands back logits only, so far). */
+/* Whether tmx_model_step_top runs here: the kernel set has topk (ABI 2.4). With tensor
+ * parallelism each rank finds its vocabulary slice's candidates and rank 0 merges them. */
 int tmx_model_can_top(const struct tmx_model *m);
 
 /* tmx_model_step for sampled decoding: instead of sequence i's logits, the first TMX_TOPK_MAX
@@ -196,7 +196,7 @@ enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *s
                                    double *stats, char **err);
 
 /* Row i's logits [vocab_size] of the last step, which left them where they were made (a top
- * step). One rank. */
+ * step; with several ranks, each sends its slice). Rank 0 only. */
 enum tmx_status tmx_model_read_logits(struct tmx_model *m, int i, float *logits, char **err);
 
 /* Appends tokens[0..n) to one sequence in steps of at most n_batch, reserving as it goes, and
