@@ -947,7 +947,7 @@ static int topk_cmp(const void *a, const void *b) {
 
 /* Uniform rows at temperatures in [0.3, 2] (row 0 at 1); TIES: five values; SPECIAL: NaN and
  * -inf sprinkled in, row 0 NaN only, row 1 -inf only, row 2 five candidates. The reference
- * sorts every candidate; ys and ids must match exactly, stats to double rounding. */
+ * sorts every candidate; xs and ids must match exactly, stats to double rounding. */
 static enum tmx_status topk_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     const int ld = s->m ? s->m : s->d, k = s->top_k;
@@ -970,11 +970,11 @@ static enum tmx_status topk_new(struct tmx_conform_case *c) {
     c->arg[1] = upload(c, temps, s->n * sizeof *temps);
     c->arg[2] = buffer(c, (size_t)s->n * k * sizeof(float));
     c->arg[3] = buffer(c, (size_t)s->n * k * sizeof(int32_t));
-    c->arg[4] = buffer(c, (size_t)s->n * 2 * sizeof(double));
-    double *ys = output(c, c->arg[2], (size_t)s->n * k, TMX_DTYPE_F32);
+    c->arg[4] = buffer(c, (size_t)s->n * 3 * sizeof(double));
+    double *xs = output(c, c->arg[2], (size_t)s->n * k, TMX_DTYPE_F32);
     double *ids = output(c, c->arg[3], (size_t)s->n * k, TMX_DTYPE_I32);
-    double *stats = output(c, c->arg[4], (size_t)s->n * 2, F64);
-    if (!ys || !ids || !stats || !c->arg[0] || !c->arg[1]) return c->status;
+    double *stats = output(c, c->arg[4], (size_t)s->n * 3, F64);
+    if (!xs || !ids || !stats || !c->arg[0] || !c->arg[1]) return c->status;
     for (int r = 0; r < s->n; r++) {
         const float *xr = x + (size_t)r * ld;
         int n = 0;
@@ -982,14 +982,18 @@ static enum tmx_status topk_new(struct tmx_conform_case *c) {
             if (!isnan(xr[i]) && xr[i] != -INFINITY)
                 cand[n++] = (struct topk_cand){xr[i] / temps[r], i};
         qsort(cand, (size_t)n, sizeof *cand, topk_cmp);
-        double sum = 0;
-        for (int i = 0; i < n; i++) sum += exp((double)cand[i].y - cand[0].y);
+        double sum = 0, sum1 = 0;
+        for (int i = 0; i < n; i++) {
+            sum += exp((double)cand[i].y - cand[0].y);
+            sum1 += exp((double)xr[cand[i].id] - xr[cand[0].id]);
+        }
         for (int i = 0; i < k; i++) {
-            ys[(size_t)r * k + i] = i < n ? cand[i].y : -INFINITY;
+            xs[(size_t)r * k + i] = i < n ? xr[cand[i].id] : -INFINITY;
             ids[(size_t)r * k + i] = i < n ? cand[i].id : -1;
         }
-        stats[2 * r] = sum;
-        stats[2 * r + 1] = n;
+        stats[3 * r] = sum;
+        stats[3 * r + 1] = n;
+        stats[3 * r + 2] = sum1;
     }
     return TMX_OK;
 }

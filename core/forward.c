@@ -72,8 +72,8 @@ struct kv_state {
     int32_t *pick;               /* [2][max_seqs] a greedy step's ids, then their logits */
     float *temps;                /* [max_seqs] a top step's temperatures (with topk, one rank) */
     void *top;                   /* a top step of r rows, packed so that one read takes them:
-                                    y [r][TMX_TOPK_MAX] float, ids [r][TMX_TOPK_MAX] int32,
-                                    stats [r][2] double; room for max_seqs rows */
+                                    x [r][TMX_TOPK_MAX] float, ids [r][TMX_TOPK_MAX] int32,
+                                    stats [r][3] double; room for max_seqs rows */
     void *top_host;              /* host: the same, read back */
     void *top_all;               /* TP: [ranks][max_seqs * TOP_ROW_BYTES] gathered kv->top */
     void *top_gathered;          /* host TP, rank 0: top_all read back */
@@ -167,7 +167,7 @@ static enum tmx_status cache_init(struct tmx_model *m, struct kv_state *kv, char
 }
 
 /* Bytes of kv->top a row takes. */
-#define TOP_ROW_BYTES (TMX_TOPK_MAX * (sizeof(float) + sizeof(int32_t)) + 2 * sizeof(double))
+#define TOP_ROW_BYTES (TMX_TOPK_MAX * (sizeof(float) + sizeof(int32_t)) + 3 * sizeof(double))
 
 /* Whether a step can hand back each row's first candidates (the set's topk) instead of its
  * logits. */
@@ -754,27 +754,27 @@ static enum tmx_status pick_rows(struct tmx_model *m, int r, int n_vocab, int32_
 
 /* What a step hands back (all NULL on a follower): logits[n_rows][vocab_size]; with
  * PICK_GREEDY the rows' argmax next[n_rows]; with PICK_TOP their first candidates at temps[]:
- * top_y and top_id [n_rows][TMX_TOPK_MAX], top_stat [n_rows][2] (tmx_model_step_top). */
+ * top_x and top_id [n_rows][TMX_TOPK_MAX], top_stat [n_rows][3] (tmx_model_step_top). */
 struct step_out {
     float *logits;
     int32_t *next;
     const float *temps;
-    float *top_y;
+    float *top_x;
     int32_t *top_id;
     double *top_stat;
 };
 
-/* Views of a packed top buffer of r rows: y [r][TMX_TOPK_MAX], ids [r][TMX_TOPK_MAX],
- * stats [r][2]. */
+/* Views of a packed top buffer of r rows: x [r][TMX_TOPK_MAX], ids [r][TMX_TOPK_MAX],
+ * stats [r][3]. */
 struct top_view {
-    float *y;
+    float *x;
     int32_t *ids;
     double *stats;
 };
 
 static struct top_view top_view(void *buf, int r) {
     struct top_view v = {buf, NULL, NULL};
-    v.ids = (int32_t *)(v.y + (size_t)r * TMX_TOPK_MAX);
+    v.ids = (int32_t *)(v.x + (size_t)r * TMX_TOPK_MAX);
     v.stats = (double *)(v.ids + (size_t)r * TMX_TOPK_MAX);
     return v;
 }
@@ -793,51 +793,57 @@ static void top_rows(struct tmx_model *m, const struct step_head *h, int r) {
     const int d = slice_width(&m->tp, h->n_vocab);
     const struct top_view v = top_view(kv->top, r);
     if (d > 0)
-        m->k->ops->topk(m->k->ctx, v.y, v.ids, v.stats, kv->logits, kv->temps, r, d,
+        m->k->ops->topk(m->k->ctx, v.x, v.ids, v.stats, kv->logits, kv->temps, r, d,
                         m->tp.vocab_n, TMX_TOPK_MAX);
 }
 
-/* TP, rank 0: row i's first candidates from every rank's (gathered, rank q's r rows at
- * gathered + q * part): the first TMX_TOPK_MAX of their union, in candidate order (ranks hold
- * ascending ids, so the lower rank first among equal y), and the softmax denominator, each
- * rank's rescaled to the largest first y. */
+/* TP, rank 0: row i's first candidates at temperature t from every rank's (gathered, rank
+ * q's r rows at gathered + q * part): the first TMX_TOPK_MAX of their union in candidate order
+ * (by x / t; ranks hold ascending ids, so the lower rank first among equal values), and the
+ * sums, each rank's rescaled to the merged first candidate. */
 static void merge_top(const struct tmx_model *m, const unsigned char *gathered, size_t part,
-                      int r, int i, int n_vocab, const struct step_out *out) {
+                      int r, int i, int n_vocab, float t, const struct step_out *out) {
     const struct tp_shard *tp = &m->tp;
     const size_t at_i = (size_t)i * TMX_TOPK_MAX;
     int *at = m->kv->top_at; /* the next of rank q's candidates; TMX_TOPK_MAX: none left */
-    float first = -INFINITY;
-    double sum = 0.0, count = 0.0;
+    int lead = -1;           /* the rank of the first candidate */
     for (int q = 0; q < tp->n; q++) {
         const struct top_view v = top_view((void *)(gathered + q * part), r);
-        const int live = n_vocab > q * tp->vocab_stride && v.stats[2 * i + 1] > 0;
+        const int live = n_vocab > q * tp->vocab_stride && v.stats[3 * i + 1] > 0;
         at[q] = live ? 0 : TMX_TOPK_MAX;
-        if (live && v.y[at_i] > first) first = v.y[at_i];
+        if (live && (lead < 0 || v.x[at_i] / t >
+                     top_view((void *)(gathered + lead * part), r).x[at_i] / t))
+            lead = q;
     }
+    double sum = 0.0, count = 0.0, sum1 = 0.0;
+    const float x0 = lead < 0 ? 0.0f : top_view((void *)(gathered + lead * part), r).x[at_i];
     for (int q = 0; q < tp->n; q++) {
         const struct top_view v = top_view((void *)(gathered + q * part), r);
         if (at[q] == 0) {
-            sum += v.stats[2 * i] * exp((double)v.y[at_i] - first);
-            count += v.stats[2 * i + 1];
+            sum += v.stats[3 * i] * exp((double)(v.x[at_i] / t) - x0 / t);
+            count += v.stats[3 * i + 1];
+            sum1 += v.stats[3 * i + 2] * exp((double)v.x[at_i] - x0);
         }
     }
     for (int j = 0; j < TMX_TOPK_MAX; j++) {
         int best = -1;
-        float y_best = 0.0f;
+        float x_best = 0.0f;
         for (int q = 0; q < tp->n; q++) {
             const struct top_view v = top_view((void *)(gathered + q * part), r);
             if (at[q] == TMX_TOPK_MAX || v.ids[at_i + at[q]] < 0) continue;
-            if (best < 0 || v.y[at_i + at[q]] > y_best) best = q, y_best = v.y[at_i + at[q]];
+            if (best < 0 || v.x[at_i + at[q]] / t > x_best / t)
+                best = q, x_best = v.x[at_i + at[q]];
         }
-        out->top_y[at_i + j] = best < 0 ? -INFINITY : y_best;
+        out->top_x[at_i + j] = best < 0 ? -INFINITY : x_best;
         out->top_id[at_i + j] = -1;
         if (best >= 0) {
             const struct top_view v = top_view((void *)(gathered + best * part), r);
             out->top_id[at_i + j] = best * tp->vocab_stride + v.ids[at_i + at[best]++];
         }
     }
-    out->top_stat[2 * i] = count > 0 ? sum : 0.0;
-    out->top_stat[2 * i + 1] = count;
+    out->top_stat[3 * i] = count > 0 ? sum : 0.0;
+    out->top_stat[3 * i + 1] = count;
+    out->top_stat[3 * i + 2] = count > 0 ? sum1 : 0.0;
 }
 
 /* TP: every rank's kv->top of r rows to rank 0 (out's arrays NULL: a follower, which only
@@ -847,10 +853,10 @@ static enum tmx_status gather_top(struct tmx_model *m, const struct step_head *h
     struct kv_state *kv = m->kv;
     const size_t part = (size_t)r * TOP_ROW_BYTES;
     enum tmx_status st = tmx_comm_allgather(m->tp.data, kv->top, kv->top_all, part, err);
-    if (st != TMX_OK || !out->top_y) return st;
+    if (st != TMX_OK || !out->top_x) return st;
     st = m->k->ops->buf_read(m->k->ctx, kv->top_gathered, kv->top_all, part * m->tp.n);
     for (int i = 0; st == TMX_OK && i < r; i++)
-        merge_top(m, kv->top_gathered, part, r, i, h->n_vocab, out);
+        merge_top(m, kv->top_gathered, part, r, i, h->n_vocab, out->temps[i], out);
     return st;
 }
 
@@ -860,12 +866,11 @@ static enum tmx_status read_top(struct tmx_model *m, int r, const struct step_ou
     enum tmx_status st = m->k->ops->buf_read(m->k->ctx, kv->top_host, kv->top,
                                              (size_t)r * TOP_ROW_BYTES);
     if (st != TMX_OK) return st;
+    const struct top_view v = top_view(kv->top_host, r);
     const size_t TK = (size_t)r * TMX_TOPK_MAX;
-    const float *y = kv->top_host;
-    const int32_t *ids = (const int32_t *)(y + TK);
-    memcpy(out->top_y, y, TK * sizeof *y);
-    memcpy(out->top_id, ids, TK * sizeof *ids);
-    memcpy(out->top_stat, ids + TK, 2 * (size_t)r * sizeof *out->top_stat);
+    memcpy(out->top_x, v.x, TK * sizeof *v.x);
+    memcpy(out->top_id, v.ids, TK * sizeof *v.ids);
+    memcpy(out->top_stat, v.stats, 3 * (size_t)r * sizeof *v.stats);
     return TMX_OK;
 }
 
@@ -1115,7 +1120,7 @@ int tmx_model_can_top(const struct tmx_model *m) { return m->kv && top_on_set(m)
 
 enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *seqs,
                                    const int32_t *const *tokens, const int *n, int n_seqs,
-                                   int n_vocab, const float *temps, float *y, int32_t *ids,
+                                   int n_vocab, const float *temps, float *xs, int32_t *ids,
                                    double *stats, char **err) {
     if (!tmx_model_can_top(m))
         return tmx_err(err, TMX_ERR_UNSUPPORTED, "top step: kernel set %s has no topk (ABI 2.4)",
@@ -1127,7 +1132,7 @@ enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *s
         if (!(temps[i] > 0) || !isfinite(temps[i]))
             return tmx_err(err, TMX_ERR_INVALID, "top step: temperature %g of sequence %d is "
                            "not positive", temps[i], i);
-    const struct step_out out = {.temps = temps, .top_y = y, .top_id = ids, .top_stat = stats};
+    const struct step_out out = {.temps = temps, .top_x = xs, .top_id = ids, .top_stat = stats};
     return step(m, seqs, tokens, n, n_seqs, 0, PICK_TOP, n_vocab, &out, err);
 }
 

@@ -278,9 +278,9 @@ int32_t tmx_sampler_sample_top(struct tmx_sampler *s, const struct tmx_sampler_t
     if (p->temperature == 0.0f) return t->k > 0 && t->id[0] >= 0 ? t->id[0] : -1;
     if (t->n < 1 || t->k < 1) return -1; /* the whole row says what to do */
     const int known = t->k < t->n ? t->k : t->n;
-    for (int i = 0; i < known; i++) s->cand[i] = (struct cand){t->y[i], t->id[i]};
+    for (int i = 0; i < known; i++) s->cand[i] = (struct cand){t->x[i] / p->temperature, t->id[i]};
     struct order o = {.cand = s->cand, .e = s->e, .n = t->n, .n_known = known,
-                      .n_sorted = known, .max = t->y[0], .sum = t->sum};
+                      .n_sorted = known, .max = s->cand[0].logit, .sum = t->sum};
     if (p->top_k > 0 && p->top_k < o.n) { /* as tmx_sampler_sample sums the survivors */
         if (p->top_k > known) return -1;
         o.n = o.n_known = o.n_sorted = p->top_k;

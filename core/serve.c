@@ -60,9 +60,9 @@ struct tmx_serve {
     float *logits;                    /* [max_running][vocab_size] of a step */
     int32_t *next;                    /* [max_running] of a greedy step: each row's argmax */
     float *temps;                     /* [max_running] of a top step: each row's temperature */
-    float *top_y;                     /* [max_running][TMX_TOPK_MAX] its first candidates */
+    float *top_x;                     /* [max_running][TMX_TOPK_MAX] its first candidates */
     int32_t *top_id;                  /* [max_running][TMX_TOPK_MAX] */
-    double *top_stat;                 /* [max_running][2] */
+    double *top_stat;                 /* [max_running][3] */
     float *work;                      /* [vocab_size] */
     struct tmx_seq **b_seq;           /* [max_running] the step's batch */
     const int32_t **b_tok;            /* [max_running] */
@@ -180,19 +180,58 @@ static int is_stop(const struct tmx_serve *s, const struct request *r, int32_t t
     return 0;
 }
 
-/* Whether r's sampler reads nothing but its logits over the tokenizer's ids (no logit bias,
- * penalties or logprobs), so that a step can pick its next token where the logits are: the
- * argmax when greedy, else from the first candidates (tmx_model_step_top). */
+/* Whether r's sampler reads nothing but its logits over the tokenizer's ids (no logit bias or
+ * penalties), so that a step can pick its next token where the logits are: from their first
+ * candidates (tmx_model_step_top), and when greedy without logprobs, their argmax. */
 static int plain(const struct request *r) {
     const struct tmx_request_params *p = &r->p;
     return p->n_bias == 0 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
-           p->repetition_penalty == 1 && p->top_logprobs < 0;
+           p->repetition_penalty == 1;
 }
 
-/* Samples r's next token from its logits (NULL: `tok` is it) and reports it. Returns 1 when r
- * is finished. */
-static int emit(struct tmx_serve *s, struct request *r, const float *logits, int32_t tok) {
-    struct tmx_token_event ev = {.id = r->id};
+/* r's next token from row j of a top step, and its log probabilities as pick() finds them in
+ * the whole row (the softmax at temperature 1 and the top_logprobs most likely, the lower id
+ * first among equal ones), which lie among the candidates. -1 when the draw or the list needs
+ * more of the row (then pick() makes it, with the same random number). */
+static int32_t pick_top(struct tmx_serve *s, struct request *r, int j,
+                        struct tmx_token_event *ev) {
+    const size_t at = (size_t)j * TMX_TOPK_MAX;
+    const float *x = s->top_x + at;
+    const int32_t *id = s->top_id + at;
+    const double *st = s->top_stat + 3 * (size_t)j;
+    const int want = r->p.top_logprobs, known = st[1] < TMX_TOPK_MAX ? (int)st[1] : TMX_TOPK_MAX;
+    if (want > known) return -1; /* pick() lists ids of -inf too */
+    const struct tmx_sampler_top t = {TMX_TOPK_MAX, x, id, st[0], (int)st[1]};
+    const int32_t tok = tmx_sampler_sample_top(r->sampler, &t);
+    if (tok < 0 || want < 0) return tok;
+    const double lse = x[0] + log(st[2]);
+    int k = 0;
+    for (int i = 0; i < known; i++) {
+        const float lp = (float)(x[i] - lse);
+        if (id[i] == tok) ev->logprob = lp;
+        if (want == 0 || (k == want && (lp < s->top_lp[k - 1] ||
+                                        (lp == s->top_lp[k - 1] && id[i] > s->top_ids[k - 1]))))
+            continue;
+        int p = k < want ? k++ : k - 1;
+        for (; p > 0 && (s->top_lp[p - 1] < lp ||
+                         (s->top_lp[p - 1] == lp && s->top_ids[p - 1] > id[i])); p--) {
+            s->top_ids[p] = s->top_ids[p - 1];
+            s->top_lp[p] = s->top_lp[p - 1];
+        }
+        s->top_ids[p] = id[i];
+        s->top_lp[p] = lp;
+    }
+    ev->n_top = k;
+    ev->top_ids = s->top_ids;
+    ev->top_logprobs = s->top_lp;
+    return tok;
+}
+
+/* Samples r's next token from its logits (NULL: `tok` is it, and ev has its log probabilities
+ * if r asked for them) and reports it. Returns 1 when r is finished. */
+static int emit(struct tmx_serve *s, struct request *r, const float *logits, int32_t tok,
+                struct tmx_token_event *evp) {
+    struct tmx_token_event ev = *evp;
     if (logits) tok = pick(s, r, logits, &ev);
     r->tokens[r->n_tokens++] = tok;
     r->n_gen++;
@@ -393,7 +432,7 @@ static void step(struct tmx_serve *s) {
         const struct request *r = s->b_req[j];
         const int emits = r->n_fed + s->b_n[j] >= r->n_tokens;
         const float t = r->p.sampling.temperature;
-        greedy &= !emits || (plain(r) && t == 0);
+        greedy &= !emits || (plain(r) && t == 0 && r->p.top_logprobs < 0);
         top &= !emits || plain(r);
         s->temps[j] = t > 0 ? t : 1.0f; /* greedy: the first candidate */
     }
@@ -403,7 +442,7 @@ static void step(struct tmx_serve *s) {
         greedy ? tmx_model_step_greedy(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->n_vocab, s->next,
                                        &err)
         : top  ? tmx_model_step_top(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->n_vocab, s->temps,
-                                    s->top_y, s->top_id, s->top_stat, &err)
+                                    s->top_x, s->top_id, s->top_stat, &err)
                : tmx_model_step(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->logits, &err);
     for (int j = 0; j < nb; j++) {
         struct request *r = s->b_req[j];
@@ -415,12 +454,10 @@ static void step(struct tmx_serve *s) {
         if (r->n_fed < r->n_tokens) continue; /* more prompt to go */
         float *logits = greedy ? NULL : s->logits + (size_t)j * s->vocab_size;
         int32_t tok = greedy ? s->next[j] : -1;
+        struct tmx_token_event ev = {.id = r->id};
         if (top) {
-            const size_t at = (size_t)j * TMX_TOPK_MAX;
-            const struct tmx_sampler_top t = {TMX_TOPK_MAX, s->top_y + at, s->top_id + at,
-                                              s->top_stat[2 * j], (int)s->top_stat[2 * j + 1]};
-            tok = tmx_sampler_sample_top(r->sampler, &t);
-            char *rerr = NULL; /* a draw past the candidates: the row, with the same number */
+            tok = pick_top(s, r, j, &ev);
+            char *rerr = NULL; /* past the candidates: the row, with the same random number */
             if (tok >= 0) logits = NULL;
             else if (tmx_model_read_logits(s->m, j, logits, &rerr) != TMX_OK) {
                 fail(s, r, rerr);
@@ -428,7 +465,7 @@ static void step(struct tmx_serve *s) {
                 continue;
             }
         }
-        if (emit(s, r, logits, tok)) {
+        if (emit(s, r, logits, tok, &ev)) {
             tmx_seq_free(r->seq); /* finished */
             r->seq = NULL;
         }
@@ -532,16 +569,16 @@ enum tmx_status tmx_serve_new(struct tmx_engine *e, struct tmx_serve **out, char
     s->logits = malloc(R * (size_t)s->vocab_size * sizeof *s->logits);
     s->next = malloc(R * sizeof *s->next);
     s->temps = malloc(R * sizeof *s->temps);
-    s->top_y = malloc(R * TMX_TOPK_MAX * sizeof *s->top_y);
+    s->top_x = malloc(R * TMX_TOPK_MAX * sizeof *s->top_x);
     s->top_id = malloc(R * TMX_TOPK_MAX * sizeof *s->top_id);
-    s->top_stat = malloc(R * 2 * sizeof *s->top_stat);
+    s->top_stat = malloc(R * 3 * sizeof *s->top_stat);
     s->work = malloc((size_t)s->vocab_size * sizeof *s->work);
     s->counts = calloc((size_t)s->vocab_size, sizeof *s->counts);
     s->b_seq = malloc(R * sizeof *s->b_seq);
     s->b_tok = malloc(R * sizeof *s->b_tok);
     s->b_n = malloc(R * sizeof *s->b_n);
     s->b_req = malloc(R * sizeof *s->b_req);
-    if (!s->running || !s->gone || !s->logits || !s->next || !s->temps || !s->top_y ||
+    if (!s->running || !s->gone || !s->logits || !s->next || !s->temps || !s->top_x ||
         !s->top_id || !s->top_stat || !s->work || !s->counts || !s->b_seq || !s->b_tok ||
         !s->b_n || !s->b_req) {
         tmx_serve_free(s);
@@ -586,7 +623,7 @@ void tmx_serve_free(struct tmx_serve *s) {
     free(s->logits);
     free(s->next);
     free(s->temps);
-    free(s->top_y);
+    free(s->top_x);
     free(s->top_id);
     free(s->top_stat);
     free(s->work);

@@ -51,13 +51,13 @@ static enum tmx_status decode(struct tmx_model *m, struct tmx_seq *seq, int32_t 
     const int32_t *tokens = &next;
     if (st != TMX_OK) return st;
     if (greedy) return tmx_model_step_greedy(m, &seq, &tokens, &one, 1, n_vocab, pending, err);
-    float y[TMX_TOPK_MAX];
+    float xs[TMX_TOPK_MAX];
     int32_t ids[TMX_TOPK_MAX];
-    double stats[2];
-    st = tmx_model_step_top(m, &seq, &tokens, &one, 1, n_vocab, &temperature, y, ids, stats,
+    double stats[3];
+    st = tmx_model_step_top(m, &seq, &tokens, &one, 1, n_vocab, &temperature, xs, ids, stats,
                             err);
     if (st != TMX_OK) return st;
-    const struct tmx_sampler_top t = {TMX_TOPK_MAX, y, ids, stats[0], (int)stats[1]};
+    const struct tmx_sampler_top t = {TMX_TOPK_MAX, xs, ids, stats[0], (int)stats[1]};
     *pending = tmx_sampler_sample_top(sampler, &t);
     return *pending >= 0 ? TMX_OK : tmx_model_read_logits(m, 0, logits, err);
 }

@@ -152,7 +152,7 @@ void cpu_add_gated(void *ctx, float *h, const float *a, const struct tmx_tensor 
                    int d);
 void cpu_gather(void *ctx, float *out, const float *x, const int32_t *rows, int n, int d);
 void cpu_argmax(void *ctx, int32_t *ids, float *best, const float *x, int rows, int d, int ld);
-void cpu_topk(void *ctx, float *ys, int32_t *ids, double *stats, const float *x,
+void cpu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const float *x,
               const float *temps, int rows, int d, int ld, int k);
 
 /* attention.c */

@@ -242,7 +242,7 @@ void cpu_argmax(void *ctx, int32_t *ids, float *best, const float *x, int rows, 
 /* --- topk ----------------------------------------------------------------------------------- */
 
 struct topk_job {
-    float *ys;
+    float *xs;
     int32_t *ids;
     double *stats;
     const float *x, *temps;
@@ -281,10 +281,10 @@ static void heap_down(struct cand *h, int n, int i) {
     }
 }
 
-/* One row: the first k candidates kept in a heap of k, sorted at the end; then the sum over all
- * candidates in column order, as the host sampler sums them, so that its draws equal this
- * set's exactly. */
-static void row_topk(float *ys, int32_t *ids, double *stats, const float *x, float t, int d,
+/* One row: the first k candidates kept in a heap of k, sorted at the end; then the sums over
+ * all candidates in column order, as the host sampler (and tmx serve's log probabilities) sum
+ * them, so that its draws equal this set's exactly. */
+static void row_topk(float *xs, int32_t *ids, double *stats, const float *x, float t, int d,
                      int k) {
     struct cand h[TMX_TOPK_MAX];
     int n = 0;
@@ -305,27 +305,29 @@ static void row_topk(float *ys, int32_t *ids, double *stats, const float *x, flo
     }
     qsort(h, (size_t)n, sizeof *h, cand_cmp);
     for (int i = 0; i < k; i++) {
-        ys[i] = i < n ? h[i].y : -INFINITY;
+        xs[i] = i < n ? x[h[i].id] : -INFINITY;
         ids[i] = i < n ? h[i].id : -1;
     }
-    double sum = 0.0, count = 0.0;
+    double sum = 0.0, count = 0.0, sum1 = 0.0;
     for (int i = 0; n > 0 && i < d; i++)
         if (!isnan(x[i]) && x[i] != -INFINITY) {
             sum += exp((double)(x[i] / t) - h[0].y);
+            sum1 += exp((double)x[i] - x[h[0].id]);
             count++;
         }
     stats[0] = sum;
     stats[1] = count;
+    stats[2] = sum1;
 }
 
 static void topk_task(void *arg, int64_t task) {
     const struct topk_job *j = arg;
     for (int64_t r = task * j->per; r < j->rows && r < (task + 1) * j->per; r++)
-        row_topk(j->ys + r * j->k, j->ids + r * j->k, j->stats + 2 * r, j->x + r * j->ld,
+        row_topk(j->xs + r * j->k, j->ids + r * j->k, j->stats + 3 * r, j->x + r * j->ld,
                  j->temps[r], j->d, j->k);
 }
 
-void cpu_topk(void *ctx, float *ys, int32_t *ids, double *stats, const float *x,
+void cpu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const float *x,
               const float *temps, int rows, int d, int ld, int k) {
     struct cpu_ctx *c = ctx;
     if (!check_rows(c, "topk", rows, d)) return;
@@ -339,6 +341,6 @@ void cpu_topk(void *ctx, float *ys, int32_t *ids, double *stats, const float *x,
             cpu_fail(c, TMX_ERR_INVALID, "topk: temperature %g of row %d", temps[r], r);
             return;
         }
-    struct topk_job j = {ys, ids, stats, x, temps, rows, d, ld, k, per_task(d)};
+    struct topk_job j = {xs, ids, stats, x, temps, rows, d, ld, k, per_task(d)};
     cpu_pool_run(c->pool, n_tasks(rows, j.per), topk_task, &j);
 }

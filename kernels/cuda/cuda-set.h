@@ -88,7 +88,7 @@ void cu_add_gated(void *ctx, float *h, const float *a, const struct tmx_tensor *
                   int d);
 void cu_gather(void *ctx, float *out, const float *x, const int32_t *rows, int n, int d);
 void cu_argmax(void *ctx, int32_t *ids, float *best, const float *x, int rows, int d, int ld);
-void cu_topk(void *ctx, float *ys, int32_t *ids, double *stats, const float *x,
+void cu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const float *x,
              const float *temps, int rows, int d, int ld, int k);
 
 /* matmul.cu */

@@ -229,10 +229,10 @@ extern "C" void cu_argmax(void *ctx, int32_t *ids, float *best, const float *x, 
 #define TOPK_N (4 * TOPK_THREADS)
 
 /* What a list of keys stands for, over all the candidates of its piece or group: their number,
- * the first one's y, and the sum of exp(y - first). */
+ * the first one's y and x, and the sums of exp(y - its y) and of exp(x - its x). */
 struct topk_stat {
-    double sum;
-    float first;
+    double sum, sum1;
+    float first, first_x;
     int count;
 };
 
@@ -241,9 +241,9 @@ struct topk_smem {
     unsigned long long top[TMX_TOPK_MAX]; /* the k largest keys, then sorted */
     int hist[256];
     int digit, above, at, n_top;
-    double red_sum[32];
+    double red_sum[32], red_sum1[32];
     int red_count[32];
-    float red_first[32];
+    unsigned long long red_key[32];
 };
 
 __device__ __forceinline__ float key_y(unsigned long long k) {
@@ -373,19 +373,21 @@ __device__ void block_top(const unsigned long long v[4], int k, topk_smem *sm) {
 }
 
 /* The block's list: sm->top and its stat, into the next level's lists, or, when it is the
- * row's last (one block a row), into the op's outputs. */
-__device__ void topk_emit(unsigned long long *out, topk_stat *st_out, float *ys, int32_t *ids,
-                          double *stats, const topk_smem *sm, int k, topk_stat st) {
+ * row's last (one block a row), into the op's outputs (xr: the row's logits). */
+__device__ void topk_emit(unsigned long long *out, topk_stat *st_out, float *xs, int32_t *ids,
+                          double *stats, const float *xr, const topk_smem *sm, int k,
+                          topk_stat st) {
     const int row = blockIdx.y, n = sm->n_top;
     if (gridDim.x == 1) {
         for (int i = threadIdx.x; i < k; i += blockDim.x) {
             const unsigned long long key = i < n ? sm->top[i] : 0;
-            ys[(int64_t)row * k + i] = key ? key_y(key) : -INFINITY;
+            xs[(int64_t)row * k + i] = key ? xr[key_col(key)] : -INFINITY;
             ids[(int64_t)row * k + i] = key ? key_col(key) : -1;
         }
         if (threadIdx.x == 0) {
-            stats[2 * (int64_t)row] = st.count ? st.sum : 0.0;
-            stats[2 * (int64_t)row + 1] = st.count;
+            stats[3 * (int64_t)row] = st.count ? st.sum : 0.0;
+            stats[3 * (int64_t)row + 1] = st.count;
+            stats[3 * (int64_t)row + 2] = st.count ? st.sum1 : 0.0;
         }
         return;
     }
@@ -396,39 +398,44 @@ __device__ void topk_emit(unsigned long long *out, topk_stat *st_out, float *ys,
 
 /* First level, grid (pieces, rows). */
 __global__ void __launch_bounds__(TOPK_THREADS)
-topk_piece_kernel(unsigned long long *out, topk_stat *st_out, float *ys, int32_t *ids,
+topk_piece_kernel(unsigned long long *out, topk_stat *st_out, float *xs, int32_t *ids,
                   double *stats, const float *x, const float *temps, int d, int ld, int k) {
     __shared__ topk_smem sm;
     const float *xr = x + (int64_t)blockIdx.y * ld;
     const float t = temps[blockIdx.y];
     const int base = blockIdx.x * 4 * blockDim.x;
     unsigned long long v[4];
+    float xv[4];
     for (int j = 0; j < 4; j++) {
         const int col = base + j * blockDim.x + threadIdx.x;
-        const float x = col < d ? xr[col] : NAN;
-        v[j] = isnan(x) || x == -INFINITY ? 0 : argmax_key(x / t, col);
+        xv[j] = col < d ? xr[col] : NAN;
+        v[j] = isnan(xv[j]) || xv[j] == -INFINITY ? 0 : argmax_key(xv[j] / t, col);
     }
     block_top(v, k, &sm);
     const unsigned long long top = sm.top[0];
     const float first = sm.n_top ? key_y(top) : -INFINITY;
-    double sum = 0.0;
+    const float first_x = sm.n_top ? xr[key_col(top)] : -INFINITY;
+    double sum = 0.0, sum1 = 0.0;
     int count = 0;
     for (int j = 0; j < 4; j++)
         if (v[j]) {
             sum += exp((double)key_y(v[j]) - first);
+            sum1 += exp((double)xv[j] - first_x);
             count++;
         }
     sum = block_sum(sum, sm.red_sum);
+    sum1 = block_sum(sum1, sm.red_sum1);
     count = block_sum(count, sm.red_count);
-    topk_emit(out, st_out, ys, ids, stats, &sm, k, topk_stat{sum, first, count});
+    topk_emit(out, st_out, xs, ids, stats, xr, &sm, k,
+              topk_stat{sum, sum1, first, first_x, count});
 }
 
 /* Next levels, grid (groups, rows): group g merges lists [g * per, (g + 1) * per) of the
  * n_in lists of k keys a row. */
 __global__ void __launch_bounds__(TOPK_THREADS)
-topk_merge_kernel(unsigned long long *out, topk_stat *st_out, float *ys, int32_t *ids,
-                  double *stats, const unsigned long long *in, const topk_stat *st_in, int n_in,
-                  int per, int k) {
+topk_merge_kernel(unsigned long long *out, topk_stat *st_out, float *xs, int32_t *ids,
+                  double *stats, const float *x, int ld, const unsigned long long *in,
+                  const topk_stat *st_in, int n_in, int per, int k) {
     __shared__ topk_smem sm;
     const int l0 = blockIdx.x * per, nl = min(per, n_in - l0);
     const unsigned long long *src = in + ((int64_t)blockIdx.y * n_in + l0) * k;
@@ -438,28 +445,37 @@ topk_merge_kernel(unsigned long long *out, topk_stat *st_out, float *ys, int32_t
         const int i = j * blockDim.x + threadIdx.x;
         v[j] = i < nl * k ? src[i] : 0;
     }
-    float first = -INFINITY;
+    /* the group's first: the list with the largest first y, the lower list (column) on a tie */
+    unsigned long long best = 0;
     for (int i = threadIdx.x; i < nl; i += blockDim.x)
-        if (st[i].count) first = fmaxf(first, st[i].first);
-    first = warp_max(first);
-    if (threadIdx.x % 32 == 0) sm.red_first[threadIdx.x / 32] = first;
+        if (st[i].count) {
+            const unsigned long long key = argmax_key(st[i].first, i);
+            best = key > best ? key : best;
+        }
+    best = warp_max_key(best);
+    if (threadIdx.x % 32 == 0) sm.red_key[threadIdx.x / 32] = best;
     __syncthreads();
-    first = threadIdx.x % 32 < blockDim.x / 32 ? sm.red_first[threadIdx.x % 32] : -INFINITY;
-    first = warp_max(first);
-    double sum = 0.0;
+    best = threadIdx.x % 32 < blockDim.x / 32 ? sm.red_key[threadIdx.x % 32] : 0;
+    best = warp_max_key(best);
+    const float first = best ? st[key_col(best)].first : -INFINITY;
+    const float first_x = best ? st[key_col(best)].first_x : -INFINITY;
+    double sum = 0.0, sum1 = 0.0;
     int count = 0;
     for (int i = threadIdx.x; i < nl; i += blockDim.x)
         if (st[i].count) {
             sum += st[i].sum * exp((double)st[i].first - first);
+            sum1 += st[i].sum1 * exp((double)st[i].first_x - first_x);
             count += st[i].count;
         }
     sum = block_sum(sum, sm.red_sum);
+    sum1 = block_sum(sum1, sm.red_sum1);
     count = block_sum(count, sm.red_count);
     block_top(v, k, &sm);
-    topk_emit(out, st_out, ys, ids, stats, &sm, k, topk_stat{sum, first, count});
+    topk_emit(out, st_out, xs, ids, stats, x + (int64_t)blockIdx.y * ld, &sm, k,
+              topk_stat{sum, sum1, first, first_x, count});
 }
 
-extern "C" void cu_topk(void *ctx, float *ys, int32_t *ids, double *stats, const float *x,
+extern "C" void cu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const float *x,
                         const float *temps, int rows, int d, int ld, int k) {
     struct cu_ctx *c = (struct cu_ctx *)ctx;
     if (!cu_enter(c, "topk") || !check_rows(c, "topk", rows, d) || rows == 0) return;
@@ -481,17 +497,17 @@ extern "C" void cu_topk(void *ctx, float *ys, int32_t *ids, double *stats, const
     st[1] = st[0] + (size_t)chunk * pieces;
     for (int r0 = 0; r0 < rows; r0 += chunk) {
         const int nr = rows - r0 < chunk ? rows - r0 : chunk;
-        float *yr = ys + (int64_t)r0 * k;
+        float *xo = xs + (int64_t)r0 * k;
         int32_t *ir = ids + (int64_t)r0 * k;
-        double *sr = stats + 2 * (int64_t)r0;
+        double *sr = stats + 3 * (int64_t)r0;
+        const float *xr = x + (int64_t)r0 * ld;
         topk_piece_kernel<<<dim3(pieces, nr), topk_threads(d < TOPK_N ? d : TOPK_N), 0,
-                            c->stream>>>(keys[0], st[0], yr, ir, sr, x + (int64_t)r0 * ld,
-                                         temps + r0, d, ld, k);
+                            c->stream>>>(keys[0], st[0], xo, ir, sr, xr, temps + r0, d, ld, k);
         if (!cu_check_launch(c, "topk")) return;
         for (int n_in = pieces, at = 0; n_in > 1; n_in = (n_in + per - 1) / per, at ^= 1) {
             const int threads = topk_threads((n_in < per ? n_in : per) * k);
             topk_merge_kernel<<<dim3((n_in + per - 1) / per, nr), threads, 0, c->stream>>>(
-                keys[at ^ 1], st[at ^ 1], yr, ir, sr, keys[at], st[at], n_in, per, k);
+                keys[at ^ 1], st[at ^ 1], xo, ir, sr, xr, ld, keys[at], st[at], n_in, per, k);
             if (!cu_check_launch(c, "topk")) return;
         }
     }

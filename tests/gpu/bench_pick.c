@@ -127,7 +127,7 @@ static int sampled(const struct tmx_kernels *k, void *x, float *xh, FILE *json) 
     } settings[] = {{{1.0f, 0, 1.0f, 0.0f, 1}, 1},
                     {{0.8f, 0, 0.95f, 0.0f, 2}, 1},
                     {{1.0f, 0, 1.0f, 0.0f, 3}, 0}};
-    enum { K = TMX_TOPK_MAX, ROW = K * 8 + 16 }; /* a row's y, ids and stats, packed as the
+    enum { K = TMX_TOPK_MAX, ROW = K * 8 + 24 }; /* a row's x, ids and stats, packed as the
                                                     core packs them for one read */
     float *top = NULL, *temps = NULL, *row = malloc((size_t)VMAX * sizeof *row), th[NMAX];
     unsigned char *host = malloc((size_t)NMAX * ROW);
@@ -153,8 +153,8 @@ static int sampled(const struct tmx_kernels *k, void *x, float *xh, FILE *json) 
                 failed |= k->ops->buf_write(k->ctx, temps, th, n * sizeof *th) != TMX_OK;
                 int32_t got[REPEAT_SAMPLED][NMAX], want[REPEAT_SAMPLED][NMAX];
                 int32_t *ids = (int32_t *)(top + (size_t)n * K);
-                const float *yh = (const float *)host;
-                const int32_t *idh = (const int32_t *)(yh + (size_t)n * K);
+                const float *xs = (const float *)host;
+                const int32_t *idh = (const int32_t *)(xs + (size_t)n * K);
                 const double *sth = (const double *)(idh + (size_t)n * K);
                 int fallbacks = 0;
                 double t0 = now_s();
@@ -163,9 +163,9 @@ static int sampled(const struct tmx_kernels *k, void *x, float *xh, FILE *json) 
                                  V, V, K);
                     failed |= k->ops->buf_read(k->ctx, host, top, (size_t)n * ROW) != TMX_OK;
                     for (int j = 0; j < n && !failed; j++) {
-                        const struct tmx_sampler_top t = {K, yh + (size_t)j * K,
-                                                          idh + (size_t)j * K, sth[2 * j],
-                                                          (int)sth[2 * j + 1]};
+                        const struct tmx_sampler_top t = {K, xs + (size_t)j * K,
+                                                          idh + (size_t)j * K, sth[3 * j],
+                                                          (int)sth[3 * j + 1]};
                         got[i][j] = tmx_sampler_sample_top(a[j], &t);
                         if (got[i][j] >= 0) continue;
                         fallbacks++;

@@ -143,23 +143,30 @@ def test_stop_token_and_seeded_sampling(tiny):
 
 
 def test_steps_that_sample_where_the_logits_are_draw_what_the_host_draws(tiny):
-    # kernels.cpu's steps hand back each row's argmax (all greedy) or its first candidates
-    # (all plain) and read a row back only for a draw that walks past them; cpu22 (ABI 2.2, no
-    # argmax or topk) reads every row back. The same seeds must give the same tokens, batched,
-    # with a request whose penalty needs the logits (until it ends) among the plain ones.
+    # kernels.cpu's steps hand back each row's argmax (all greedy without logprobs) or its
+    # first candidates (no bias or penalties), and read a row back only for a draw that walks
+    # past them; cpu22 (ABI 2.2, no argmax or topk) reads every row back. The same seeds must
+    # give the same tokens and log probabilities, batched, with a request whose penalty needs
+    # the logits (until it ends) among the others.
     from test_greedy import SETS
-    prompts = [[506] + list(range(60 + 7 * i, 80 + 9 * i)) for i in range(4)]
+    prompts = [[506] + list(range(60 + 7 * i, 80 + 9 * i)) for i in range(6)]
     reqs = [dict(temperature=0.0), dict(temperature=1.0, seed=1), dict(temperature=0.7, seed=2),
-            dict(temperature=1.2, seed=3, repetition_penalty=1.3)]
-    lengths = [30, 30, 30, 12]
+            dict(temperature=1.2, seed=3, repetition_penalty=1.3),
+            dict(temperature=0.9, seed=4, top_logprobs=5), dict(temperature=0.0, top_logprobs=0)]
+    lengths = [30, 30, 30, 12, 30, 20]
     got = {}
     for kernels in ("cpu", "cpu22"):
-        with Engine(tiny, SETS[kernels] + ["max_running=4", "batch=16"]) as eng:
+        with Engine(tiny, SETS[kernels] + ["max_running=6", "batch=16"]) as eng:
             srv = Server(eng)
             ids = [srv.submit(p, n, **r) for p, n, r in zip(prompts, lengths, reqs)]
-            got[kernels] = [tokens(srv.wait(r)) for r in ids]
+            got[kernels] = [[e for e in srv.wait(r) if e["token"] >= 0] for r in ids]
             srv.close()
-    assert got["cpu"] == got["cpu22"]
+    for a, b, r in zip(got["cpu"], got["cpu22"], reqs):
+        assert [e["token"] for e in a] == [e["token"] for e in b]
+        if "top_logprobs" in r:
+            assert [e["logprob"] for e in a] == pytest.approx([e["logprob"] for e in b], abs=1e-6)
+            assert [[i for i, _ in e["top"]] for e in a] == [[i for i, _ in e["top"]] for e in b]
+            assert all(len(e["top"]) == r["top_logprobs"] for e in a)
     assert [len(t) for t in got["cpu"]] == lengths
 
 

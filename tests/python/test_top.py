@@ -1,7 +1,7 @@
 """Top steps (tmx_model_step_top): the step hands back each sequence's first candidates for a
 sampler where the logits are (the kernel set's topk), and they must be the plain step's logits
-divided by the temperature, sorted (the lower id first among equal values), with the softmax
-denominator over the whole row; the row stays readable (tmx_model_read_logits) for a draw that
+sorted by logit / temperature (the lower id first among equal values), with the softmax
+denominators over the whole row at the temperature and at 1; the row stays readable (tmx_model_read_logits) for a draw that
 needs more of it. `tmx generate` samples from them, and must print what it prints from logits
 read back: kernels.cpu sums the denominator in id order as the host sampler does, so the draws
 are the same token for token. `cpu22` (tests/plugins/kernels-cpu22.c) is kernels.cpu without
@@ -25,26 +25,30 @@ def tiny(tmp_path_factory):
 
 
 def reference(logits, t):
-    """The first TOPK candidates of one row at temperature t, as tmx/kernels.h's topk says."""
+    """The first TOPK candidates of one row at temperature t, as tmx/kernels.h's topk says:
+    their ids and logits, and the softmax denominators at t and at 1, the number of
+    candidates."""
     y = (logits / np.float32(t)).astype(np.float32)
     ok = ~np.isnan(logits) & (logits != -np.inf)
     cols = np.nonzero(ok)[0]
     order = cols[np.lexsort((cols, -y[cols]))]
     first = order[:TOPK]
     total = np.exp(y[cols].astype(np.float64) - np.float64(y[order[0]])).sum()
-    return y[first], first, total, len(cols)
+    total1 = np.exp(logits[cols].astype(np.float64) - np.float64(logits[order[0]])).sum()
+    return logits[first], first, total, len(cols), total1
 
 
 def check(got, logits, temps):
-    y, ids, stats = got
+    x, ids, stats = got
     for i, t in enumerate(temps):
-        ry, rid, rsum, rn = reference(logits[i], t)
+        rx, rid, rsum, rn, rsum1 = reference(logits[i], t)
         k = len(rid)
         assert np.array_equal(ids[i, :k], rid)
-        assert np.array_equal(y[i, :k], ry)
-        assert np.all(ids[i, k:] == -1) and np.all(y[i, k:] == -np.inf)
+        assert np.array_equal(x[i, :k], rx)
+        assert np.all(ids[i, k:] == -1) and np.all(x[i, k:] == -np.inf)
         assert stats[i, 1] == rn
         assert stats[i, 0] == pytest.approx(rsum, rel=1e-12)
+        assert stats[i, 2] == pytest.approx(rsum1, rel=1e-12)
 
 
 def test_top_step_gives_the_first_candidates_of_the_logits(tiny):

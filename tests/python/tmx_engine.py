@@ -140,23 +140,23 @@ class Engine:
 
     def step_top(self, seqs, token_lists, temps, n_vocab=None):
         """step(), returning each sequence's first TOPK candidates at temps[i] as the step
-        finds them: y [n][TOPK] float32, ids [n][TOPK] int32, stats [n][2] (softmax
-        denominator, number of candidates)."""
+        finds them: their logits x [n][TOPK] float32, ids [n][TOPK] int32, stats [n][3]
+        (softmax denominator at temps[i], number of candidates, denominator at 1)."""
         _, handles, ptrs, counts = self._batch(seqs, token_lists)
         n = len(seqs)
         t = np.asarray(temps, dtype=np.float32)
-        y = np.zeros((n, self.TOPK), dtype=np.float32)
+        x = np.zeros((n, self.TOPK), dtype=np.float32)
         ids = np.zeros((n, self.TOPK), dtype=np.int32)
-        stats = np.zeros((n, 2), dtype=np.float64)
+        stats = np.zeros((n, 3), dtype=np.float64)
         err = C.c_void_p()
         _check(lib().tmx_model_step_top(lib().tmx_engine_model(self.handle), handles, ptrs,
                                         counts, n, n_vocab or self.n_vocab,
                                         t.ctypes.data_as(C.POINTER(C.c_float)),
-                                        y.ctypes.data_as(C.POINTER(C.c_float)),
+                                        x.ctypes.data_as(C.POINTER(C.c_float)),
                                         ids.ctypes.data_as(C.POINTER(C.c_int32)),
                                         stats.ctypes.data_as(C.POINTER(C.c_double)),
                                         C.byref(err)), err)
-        return y, ids, stats
+        return x, ids, stats
 
     def read_logits(self, i):
         """Row i's logits of the last step (after step_top), [n_vocab]."""

@@ -233,7 +233,7 @@ static void test_partial_sort_draws_what_a_full_sort_draws(void **state) {
 
 /* A row's first k candidates as kernels.cpu's topk gives them: sorted, the sum in id order. */
 static void ref_top(const float *logits, int n_vocab, float temperature, int k,
-                    struct ref_cand *cand, float *y, int32_t *id, struct tmx_sampler_top *t) {
+                    struct ref_cand *cand, float *x, int32_t *id, struct tmx_sampler_top *t) {
     int n = 0;
     for (int i = 0; i < n_vocab; i++)
         if (!isnan(logits[i]) && logits[i] != -INFINITY)
@@ -244,10 +244,10 @@ static void ref_top(const float *logits, int n_vocab, float temperature, int k,
         if (!isnan(logits[i]) && logits[i] != -INFINITY)
             sum += exp((double)(logits[i] / temperature) - cand[0].logit);
     for (int i = 0; i < k; i++) {
-        y[i] = i < n ? cand[i].logit : -INFINITY;
+        x[i] = i < n ? logits[cand[i].id] : -INFINITY;
         id[i] = i < n ? cand[i].id : -1;
     }
-    *t = (struct tmx_sampler_top){k, y, id, n ? sum : 0.0, n};
+    *t = (struct tmx_sampler_top){k, x, id, n ? sum : 0.0, n};
 }
 
 /* Two samplers of one seed draw the same tokens when one draws from the first k candidates and

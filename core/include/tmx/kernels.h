@@ -194,11 +194,12 @@ struct tmx_kernels_i {
      * each row r < rows of x (rows of ld floats), over its first d columns (0 < d <= ld), for
      * a sampler at temperature temps[r] (a buffer of rows values > 0): with y = x / temps[r]
      * rounded to F32, a column is a candidate unless x is NaN or -inf, and candidates go in
-     * order of y, largest first, the lower column first among equal y. ys[r][k] and ids[r][k]
-     * get the first k (1 <= k <= TMX_TOPK_MAX) in that order, then -inf and -1 past the row's
-     * last; stats[r][0] = the sum over all the row's candidates of exp((double)y - y_first)
-     * (0: none), stats[r][1] = their number. */
-    void (*topk)(void *ctx, float *ys, int32_t *ids, double *stats, const float *x,
+     * order of y, largest first, the lower column first among equal y. xs[r][k] (their x) and
+     * ids[r][k] get the first k (1 <= k <= TMX_TOPK_MAX) in that order, then -inf and -1 past
+     * the row's last; over all the row's candidates, in double, stats[r][0] = the sum of
+     * exp(y - y_first), stats[r][1] = their number, stats[r][2] = the sum of exp(x - x_first)
+     * (the softmax denominator at temperature 1, for log probabilities); 0 for a row of none. */
+    void (*topk)(void *ctx, float *xs, int32_t *ids, double *stats, const float *x,
                  const float *temps, int rows, int d, int ld, int k);
 };
 

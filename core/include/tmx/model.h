@@ -184,15 +184,17 @@ int tmx_model_can_top(const struct tmx_model *m);
 /* tmx_model_step for sampled decoding: instead of sequence i's logits, the first TMX_TOPK_MAX
  * candidates of its logits over ids [0, n_vocab) for a sampler at temperature temps[i] (> 0;
  * a greedy sequence may pass 1 and take the first candidate), found where the logits are by
- * the kernel set's topk (tmx/kernels.h): y[i][TMX_TOPK_MAX] = logit / temperature in candidate
- * order and ids[i][TMX_TOPK_MAX] (-1 past the last), stats[i][0] = the softmax denominator
- * (sum of exp(y - y[i][0]) over every candidate), stats[i][1] = the number of candidates: what
- * tmx_sampler_sample_top takes. When it returns -1, tmx_model_read_logits gives the row.
- * Errors: tmx_model_step's, TMX_ERR_UNSUPPORTED when !tmx_model_can_top, n_vocab outside
+ * the kernel set's topk (tmx/kernels.h): xs[i][TMX_TOPK_MAX] their logits in candidate order
+ * (by logit / temperature) and ids[i][TMX_TOPK_MAX] (-1 past the last); over every candidate,
+ * stats[i][0] = the softmax denominator at the temperature (the sum of exp(y - y_first), y =
+ * logit / temperature), stats[i][1] = their number, stats[i][2] = the denominator at
+ * temperature 1 (the sum of exp(x - xs[i][0])): what tmx_sampler_sample_top takes, and log
+ * probabilities. When the draw needs more, tmx_model_read_logits gives the row. Errors:
+ * tmx_model_step's, TMX_ERR_UNSUPPORTED when !tmx_model_can_top, n_vocab outside
  * [1, vocab_size], a temperature not > 0. */
 enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *seqs,
                                    const int32_t *const *tokens, const int *n, int n_seqs,
-                                   int n_vocab, const float *temps, float *y, int32_t *ids,
+                                   int n_vocab, const float *temps, float *xs, int32_t *ids,
                                    double *stats, char **err);
 
 /* Row i's logits [vocab_size] of the last step, which left them where they were made (a top

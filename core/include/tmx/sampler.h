@@ -36,9 +36,9 @@ int32_t tmx_sampler_sample(struct tmx_sampler *s, const float *logits);
  * sampler's temperature; temperature 0 reads only the first). */
 struct tmx_sampler_top {
     int k;             /* candidates given */
-    const float *y;    /* [k] logit / temperature, in candidate order */
+    const float *x;    /* [k] their logits, in candidate order (by logit / temperature) */
     const int32_t *id; /* [k]; -1 past the row's last candidate */
-    double sum;        /* over all the row's candidates: exp(y - y[0]) */
+    double sum;        /* over all the row's candidates: exp(y - y[0]), y = logit / temperature */
     int n;             /* the row's candidates */
 };
 
