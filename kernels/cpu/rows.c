@@ -312,12 +312,12 @@ static void row_topk(float *xs, int32_t *ids, double *stats, const float *x, flo
     for (int i = 0; n > 0 && i < d; i++)
         if (!isnan(x[i]) && x[i] != -INFINITY) {
             sum += exp((double)(x[i] / t) - h[0].y);
-            sum1 += exp((double)x[i] - x[h[0].id]);
+            if (t != 1.0f) sum1 += exp((double)x[i] - x[h[0].id]);
             count++;
         }
     stats[0] = sum;
     stats[1] = count;
-    stats[2] = sum1;
+    stats[2] = t != 1.0f ? sum1 : sum; /* at 1, y is x */
 }
 
 static void topk_task(void *arg, int64_t task) {
