@@ -281,28 +281,42 @@ static void heap_down(struct cand *h, int n, int i) {
     }
 }
 
-/* One row: the first k candidates kept in a heap of k, sorted at the end; then the sums over
- * all candidates in column order, as the host sampler (and tmx serve's log probabilities) sum
+/* Offers column i to the heap h of the first n <= k candidates so far (columns come in
+ * ascending order, so a candidate equal to the last kept one comes after it). */
+static void heap_offer(struct cand *h, int *n, int k, const float *x, float t, int i) {
+    if (isnan(x[i]) || x[i] == -INFINITY) return;
+    const struct cand c = {x[i] / t, i};
+    if (*n < k) {
+        h[(*n)++] = c;
+        for (int j = *n - 1; j > 0 && cand_before(h[(j - 1) / 2], h[j]); j = (j - 1) / 2) {
+            const struct cand p = h[(j - 1) / 2];
+            h[(j - 1) / 2] = h[j];
+            h[j] = p;
+        }
+    } else if (cand_before(c, h[0])) {
+        h[0] = c;
+        heap_down(h, *n, 0);
+    }
+}
+
+/* One row: the first k candidates kept in a heap of k (8 columns at a time pass by when none
+ * beats the last kept one, which is most of them), sorted at the end; then the sums over all
+ * candidates in column order, as the host sampler (and tmx serve's log probabilities) sum
  * them, so that its draws equal this set's exactly. */
 static void row_topk(float *xs, int32_t *ids, double *stats, const float *x, float t, int d,
                      int k) {
     struct cand h[TMX_TOPK_MAX];
-    int n = 0;
-    for (int i = 0; i < d; i++) {
-        if (isnan(x[i]) || x[i] == -INFINITY) continue;
-        const struct cand c = {x[i] / t, i};
-        if (n < k) {
-            h[n++] = c;
-            for (int j = n - 1; j > 0 && cand_before(h[(j - 1) / 2], h[j]); j = (j - 1) / 2) {
-                const struct cand p = h[(j - 1) / 2];
-                h[(j - 1) / 2] = h[j];
-                h[j] = p;
-            }
-        } else if (cand_before(c, h[0])) {
-            h[0] = c;
-            heap_down(h, n, 0);
+    int n = 0, i = 0;
+    for (; i + 8 <= d; i += 8) {
+        if (n == k) { /* y > the last kept y, lane by lane (NaN compares false) */
+            const u32x8 beats = (u32x8)(v8_load(x + i) / v8_splat(t) > v8_splat(h[0].y));
+            int hit = 0;
+            for (int l = 0; l < 8; l++) hit |= beats[l] != 0;
+            if (!hit) continue;
         }
+        for (int j = i; j < i + 8; j++) heap_offer(h, &n, k, x, t, j);
     }
+    for (; i < d; i++) heap_offer(h, &n, k, x, t, i);
     qsort(h, (size_t)n, sizeof *h, cand_cmp);
     for (int i = 0; i < k; i++) {
         xs[i] = i < n ? x[h[i].id] : -INFINITY;
