@@ -1116,13 +1116,16 @@ enum tmx_status tmx_model_step_greedy(struct tmx_model *m, struct tmx_seq *const
     return step(m, seqs, tokens, n, n_seqs, 0, PICK_GREEDY, n_vocab, &out, err);
 }
 
-int tmx_model_can_top(const struct tmx_model *m) { return m->kv && top_on_set(m); }
+int tmx_model_can_top(const struct tmx_model *m) {
+    return m->kv && top_on_set(m) &&
+           (m->tp.n > 1 || !(m->k->plugin->caps & TMX_CAP_HOST_MEMORY));
+}
 
 enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *seqs,
                                    const int32_t *const *tokens, const int *n, int n_seqs,
                                    int n_vocab, const float *temps, float *xs, int32_t *ids,
                                    double *stats, char **err) {
-    if (!tmx_model_can_top(m))
+    if (!m->kv || !top_on_set(m))
         return tmx_err(err, TMX_ERR_UNSUPPORTED, "top step: kernel set %s has no topk (ABI 2.4)",
                        m->k->plugin->name);
     if (n_vocab < 1 || n_vocab > m->cfg.vocab_size)

@@ -143,11 +143,12 @@ def test_stop_token_and_seeded_sampling(tiny):
 
 
 def test_steps_that_sample_where_the_logits_are_draw_what_the_host_draws(tiny):
-    # kernels.cpu's steps hand back each row's argmax (all greedy without logprobs) or its
-    # first candidates (no bias or penalties), and read a row back only for a draw that walks
-    # past them; cpu22 (ABI 2.2, no argmax or topk) reads every row back. The same seeds must
-    # give the same tokens and log probabilities, batched, with a request whose penalty needs
-    # the logits (until it ends) among the others.
+    # kernels.cpu's steps hand back each row's argmax (all greedy without logprobs) or, at
+    # tp = 2 (one rank of kernels.cpu samples its host-memory logits in place), its first
+    # candidates (no bias or penalties), and gather a row only for a draw that walks past them;
+    # cpu22 (ABI 2.2, no argmax or topk) gathers every row. The same seeds must give the same
+    # tokens and log probabilities, batched, with a request whose penalty needs the logits
+    # (until it ends) among the others.
     from test_greedy import SETS
     prompts = [[506] + list(range(60 + 7 * i, 80 + 9 * i)) for i in range(6)]
     reqs = [dict(temperature=0.0), dict(temperature=1.0, seed=1), dict(temperature=0.7, seed=2),
@@ -156,7 +157,7 @@ def test_steps_that_sample_where_the_logits_are_draw_what_the_host_draws(tiny):
     lengths = [30, 30, 30, 12, 30, 20]
     got = {}
     for kernels in ("cpu", "cpu22"):
-        with Engine(tiny, SETS[kernels] + ["max_running=6", "batch=16"]) as eng:
+        with Engine(tiny, SETS[kernels] + ["max_running=6", "batch=16", "tp=2"]) as eng:
             srv = Server(eng)
             ids = [srv.submit(p, n, **r) for p, n, r in zip(prompts, lengths, reqs)]
             got[kernels] = [[e for e in srv.wait(r) if e["token"] >= 0] for r in ids]

@@ -2,10 +2,12 @@
 sampler where the logits are (the kernel set's topk), and they must be the plain step's logits
 sorted by logit / temperature (the lower id first among equal values), with the softmax
 denominators over the whole row at the temperature and at 1; the row stays readable (tmx_model_read_logits) for a draw that
-needs more of it. `tmx generate` samples from them, and must print what it prints from logits
-read back: kernels.cpu sums the denominator in id order as the host sampler does, so the draws
-are the same token for token. `cpu22` (tests/plugins/kernels-cpu22.c) is kernels.cpu without
-the ops of ABI 2.3 and later: no topk."""
+needs more of it. `tmx generate` samples from them where the logits would travel (from a GPU,
+or between ranks: here tp = 2, since kernels.cpu's logits are host memory and one rank of it
+samples them in place), and must print what it prints from logits read back: kernels.cpu sums
+the denominator in id order as the host sampler does, so the draws are the same token for
+token. `cpu22` (tests/plugins/kernels-cpu22.c) is kernels.cpu without the ops of ABI 2.3 and
+later: no topk."""
 import os
 import subprocess
 
@@ -55,7 +57,7 @@ def test_top_step_gives_the_first_candidates_of_the_logits(tiny):
     ids = [encode(tiny, t) for t in PROMPTS]
     temps = [0.7, 1.0, 1.6][: len(ids)]
     with Engine(tiny, ["threads=2"]) as eng:
-        assert eng.can_top()
+        assert not eng.can_top()  # host memory: generate and serve sample the logits in place
         plain = [eng.seq(n_ctx=256) for _ in ids]
         top = [eng.seq(n_ctx=256) for _ in ids]
         logits = eng.step(plain, ids)
@@ -107,10 +109,12 @@ def test_top_step_refusals(tiny):
                                   ["--temperature", "1.3", "--top-p", "0.9"],
                                   ["--temperature", "0.8", "--top-k", "20", "--min-p", "0.02"]])
 def test_generate_samples_from_the_candidates_as_from_the_logits(tiny, args):
-    """kernels.cpu (candidates, the row only when a draw walks past them) and cpu22 (every row
-    read back) print the same text for one seed."""
+    """kernels.cpu at tp = 2 (candidates, the row only when a draw walks past them) and cpu22
+    (every row gathered) print the same text for one seed."""
+    with Engine(tiny, ["threads=2", "tp=2"]) as eng:
+        assert eng.can_top()
     cmd = [os.path.join(BIN_DIR, "tmx"), "generate", "--model", tiny, "--prompt", PROMPTS[0],
-           "-n", "48", "--seed", "7", "--threads", "2"] + args
+           "-n", "48", "--seed", "7", "--threads", "2", "--tp", "2"] + args
     texts = [subprocess.run(cmd + extra, check=True, capture_output=True,
                             text=True).stdout.rsplit("\n", 2)[0]
              for extra in ([], ["--set", "kernels=cpu22", "--set", f"plugin_dir={TEST_PLUGINS}"])]

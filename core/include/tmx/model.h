@@ -177,8 +177,11 @@ enum tmx_status tmx_model_step_greedy(struct tmx_model *m, struct tmx_seq *const
                                       const int32_t *const *tokens, const int *n, int n_seqs,
                                       int n_vocab, int32_t *next, char **err);
 
-/* Whether tmx_model_step_top runs here: the kernel set has topk (ABI 2.4). With tensor
- * parallelism each rank finds its vocabulary slice's candidates and rank 0 merges them. */
+/* Whether sampled steps should be top steps here: the kernel set has topk (ABI 2.4) and the
+ * logits would otherwise travel, out of device memory or between ranks (with tensor
+ * parallelism each rank finds its vocabulary slice's candidates and rank 0 merges them). A set
+ * whose buffers are host memory (kernels.cpu) leaves one rank's logits where the host sampler
+ * reads them: its topk would cost as much as the sampler's own pass over the row, and more. */
 int tmx_model_can_top(const struct tmx_model *m);
 
 /* tmx_model_step for sampled decoding: instead of sequence i's logits, the first TMX_TOPK_MAX
@@ -190,7 +193,7 @@ int tmx_model_can_top(const struct tmx_model *m);
  * logit / temperature), stats[i][1] = their number, stats[i][2] = the denominator at
  * temperature 1 (the sum of exp(x - xs[i][0])): what tmx_sampler_sample_top takes, and log
  * probabilities. When the draw needs more, tmx_model_read_logits gives the row. Errors:
- * tmx_model_step's, TMX_ERR_UNSUPPORTED when !tmx_model_can_top, n_vocab outside
+ * tmx_model_step's, TMX_ERR_UNSUPPORTED when the set has no topk, n_vocab outside
  * [1, vocab_size], a temperature not > 0. */
 enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *seqs,
                                    const int32_t *const *tokens, const int *n, int n_seqs,
