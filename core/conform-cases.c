@@ -43,6 +43,9 @@ const struct spec tmx_conform_specs[] = {
     {"matmul/bf16/n4-m3-k9000", OP_MATMUL, BF16, 0, .n = 4, .m = 3, .d = 9000},
     {"matmul/f16/n8-m13-k1028", OP_MATMUL, F16, 0, .n = 8, .m = 13, .d = 1028},
     {"matmul/f32/n2-m9-k5124", OP_MATMUL, F32, 0, .n = 2, .m = 9, .d = 5124},
+    /* split-k blocks of several row groups (k under 8 steps of 512), the last ones past m */
+    {"matmul/f32/n4-m5-k2048", OP_MATMUL, F32, 0, .n = 4, .m = 5, .d = 2048},
+    {"matmul/bf16/n8-m45-k512", OP_MATMUL, BF16, 0, .n = 8, .m = 45, .d = 512},
     {"matmul/mxfp8/n1-m64-k128", OP_MATMUL, MX, 0, .n = 1, .m = 64, .d = 128},
     {"matmul/mxfp8/n3-m100-k96", OP_MATMUL, MX, 0, .n = 3, .m = 100, .d = 96},
     {"matmul/mxfp8/n8-m37-k160", OP_MATMUL, MX, 0, .n = 8, .m = 37, .d = 160},
@@ -191,6 +194,8 @@ const struct spec tmx_conform_specs[] = {
      .rows = {64, 16, 48}},
     {"matmul_multi/bf16/n20-prefill", OP_MATMUL_MULTI, BF16, 0, .n = 20, .d = 192,
      .rows = {96, 32, 32}},
+    {"matmul_multi/bf16/n4-shortk", OP_MATMUL_MULTI, BF16, 0, .n = 4, .d = 1024,
+     .rows = {40, 9, 17}},
 
     /* a sampler's candidates: the vocabularies of muse-mini and the 816B model, a stride,
      * fewer columns than k, ties, NaN and -inf */

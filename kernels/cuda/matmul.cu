@@ -155,12 +155,12 @@ template <> struct w4<TMX_DTYPE_F32> {
     static __device__ __forceinline__ float4 f32(raw u) { return u; }
 };
 
-/* The end of a split-k GEMV block (gemv_split_kernel, mxfp8_gemv_kernel): each warp's sums of
- * R rows and NT tokens meet in red, and y[t0 + t][r0 + r] gets their total for the block's
- * rows < rows and tokens < nt. */
+/* The end of a split-k GEMV block (gemv_split_kernel, mxfp8_gemv_kernel), whose warps form
+ * groups of wpr, group g taking R rows from rb + g R: each warp's sums of R rows and NT tokens
+ * meet in red, and y[t0 + t][row] gets their group's total for rows < m and tokens < nt. */
 template <int R, int NT>
 __device__ __forceinline__ void split_k_store(const float (&acc)[R][NT], float (*red)[R][NT],
-                                              float *__restrict__ y, int m, int r0, int rows,
+                                              float *__restrict__ y, int m, int rb, int wpr,
                                               int t0, int nt) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
@@ -171,12 +171,14 @@ __device__ __forceinline__ void split_k_store(const float (&acc)[R][NT], float (
             if (lane == 0) red[warp][r][t] = v;
         }
     __syncthreads();
-    for (int i = threadIdx.x; i < R * NT; i += blockDim.x) {
-        const int r = i / NT, t = i % NT;
-        if (r >= rows || t >= nt) continue;
+    const int groups = GEMV_WARPS / wpr; /* 1 folds to the one group's indexing */
+    for (int i = threadIdx.x; i < groups * R * NT; i += blockDim.x) {
+        const int g = groups == 1 ? 0 : i / (R * NT), r = groups == 1 ? i / NT : i / NT % R;
+        const int t = i % NT, row = rb + g * R + r;
+        if (row >= m || t >= nt) continue;
         float sum = 0.0f;
-        for (int v = 0; v < GEMV_WARPS; v++) sum += red[v][r][t];
-        y[(int64_t)(t0 + t) * m + r0 + r] = sum;
+        for (int v = g * wpr; v < (g + 1) * wpr; v++) sum += red[v][r][t];
+        y[(int64_t)(t0 + t) * m + row] = sum;
     }
 }
 
@@ -193,26 +195,32 @@ template <int DT> struct held<DT, false> {
 };
 
 /* The GEMV of F32, BF16 and F16 weights in mxfp8_gemv_kernel's form, for k a multiple of 4 and
- * x and w 16-byte aligned: a block computes SK_ROWS rows from r0 on, warp v takes steps v,
- * v + 8, ... of SK_STEP weights of all of them and loads its next step before it computes this
- * one; every load of a warp, weights or x, is one contiguous piece (x's loaded once a step for
- * the SK_ROWS rows). gemv_kernel's one warp a row gives each lane 8 contiguous weights, so a
+ * x and w 16-byte aligned: the block's warps form groups of wpr, group g computes SK_ROWS rows
+ * from its r0 on, and its warp v takes steps v, v + wpr, ... of SK_STEP weights of all of them
+ * and loads its next step before it computes this one; every load of a warp, weights or x, is
+ * one contiguous piece (x's loaded once a step for the SK_ROWS rows). The groups are one of 8
+ * warps, or with SHORT (k under 8 steps) the fewest warps whose steps cover k, so that a short
+ * k leaves no warp idle (a run-time wpr costs the long rows 7-10% at 2-4 tokens: H200,
+ * docs/perf/h200.md). gemv_kernel's one warp a row gives each lane 8 contiguous weights, so a
  * warp's x loads of a token touch 8 lines each: 1.1-1.3 TB/s at 4 tokens (docs/perf/h200.md).
  * The warps' sums meet in shared memory. Up to 4 tokens the next step's weights stay as loaded
  * (half the registers for 16-bit ones) and 3 blocks share an SM; 8 tokens go faster with them
  * converted as they arrive, 2 blocks an SM (H200, BF16: each form 14-45% faster than the other
  * on the 816B model's projections and lm_head, docs/perf/h200.md). */
-template <int DT, int NT>
+template <int DT, int NT, bool SHORT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, NT <= 4 ? 3 : 2)
-gemv_split_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k) {
+gemv_split_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k, int wpr_short) {
     __shared__ float red[GEMV_WARPS][SK_ROWS][NT];
+    const int wpr = SHORT ? wpr_short : GEMV_WARPS;
     const int which = gemv_which(ws, blockIdx.x), m = ws.m[which];
     const void *__restrict__ w = ws.w[which];
     float *__restrict__ y = ws.y[which];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int r0 = (blockIdx.x - ws.first[which]) * SK_ROWS;
+    const int rb = (blockIdx.x - ws.first[which]) * (GEMV_WARPS / wpr) * SK_ROWS;
+    const int r0 = rb + warp / wpr * SK_ROWS, first = warp % wpr * SK_STEP;
     const int t0 = blockIdx.y * NT, nt = min(n - t0, NT), rows = min(m - r0, SK_ROWS);
-    const int stride = GEMV_WARPS * SK_STEP;
+    const int stride = wpr * SK_STEP, end = !SHORT || rows > 0 ? k : 0; /* a group past m:
+                                                                            nothing */
     typedef held<DT, NT <= 4> hold;
     float acc[SK_ROWS][NT] = {};
     typename hold::type c[SK_ROWS][4];
@@ -227,8 +235,8 @@ gemv_split_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k) 
             }
         }
     };
-    if (warp * SK_STEP < k) load(warp * SK_STEP);
-    for (int base = warp * SK_STEP; base < k; base += stride) {
+    if (first < end) load(first);
+    for (int base = first; base < end; base += stride) {
         float4 q[SK_ROWS][4];
 #pragma unroll
         for (int r = 0; r < SK_ROWS; r++)
@@ -252,7 +260,7 @@ gemv_split_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k) 
                                  q[r][j].w * a[j].w;
         }
     }
-    split_k_store(acc, red, y, m, r0, rows, t0, nt);
+    split_k_store(acc, red, y, m, rb, wpr, t0, nt);
 }
 
 /* One token over enough rows to fill the GPU (1,024: 128 blocks of gemv_kernel) reads the
@@ -268,9 +276,16 @@ static void gemv_pick(struct cu_ctx *c, float *const *y, const float *x, const v
     for (int i = 0; i < count; i++) rows += m[i];
     const int wide = rows >= 1024, short_k = k < GEMV_WARPS * SK_STEP;
     if (!(wide && (n == 1 || (n == 2 && short_k))) && k % 4 == 0 && aligned16(x, w, count)) {
-        const gemv_set s = gemv_set_of(y, w, m, count, SK_ROWS);
+        int wpr = 1; /* warps a row group: the fewest whose steps cover k */
+        while (wpr < GEMV_WARPS && wpr * SK_STEP < k) wpr *= 2;
+        const gemv_set s = gemv_set_of(y, w, m, count, GEMV_WARPS / wpr * SK_ROWS);
         dim3 grid((unsigned)s.first[count], (unsigned)((n + NT - 1) / NT));
-        gemv_split_kernel<DT, NT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k);
+        if (wpr < GEMV_WARPS)
+            gemv_split_kernel<DT, NT, true><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k,
+                                                                                    wpr);
+        else
+            gemv_split_kernel<DT, NT, false><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k,
+                                                                                     wpr);
     } else {
         gemv_launch<DT, NT>(c, y, x, w, m, count, n, k);
     }
@@ -383,7 +398,7 @@ mxfp8_gemv_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k) 
             }
         }
     }
-    split_k_store(acc, red, y, m, r0, rows, t0, nt);
+    split_k_store(acc, red, y, m, r0, GEMV_WARPS, t0, nt);
 }
 
 template <int NT>
