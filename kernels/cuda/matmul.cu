@@ -267,8 +267,9 @@ gemv_split_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k, 
  * weight at copy speed in gemv_kernel; more tokens, or fewer rows, go faster in
  * gemv_split_kernel (H200: 1.3-3.5x at 4 tokens, 1.4x at one token on 512 rows; 1.3-1.5x
  * slower at one token on 2,048 rows and more: docs/perf/h200.md), where k and the addresses
- * allow it. Two tokens over rows shorter than a block's 8 steps of SK_STEP, which leave warps
- * idle, stay in gemv_kernel too (o_proj of a TP-4 rank, k = 2,048: 18% faster there). */
+ * allow it. Two tokens over rows shorter than 8 steps of SK_STEP stay in gemv_kernel too (o_proj
+ * of a TP-4 rank, k = 2,048: 18% faster there, measured before the split kernel's row groups
+ * and not since). */
 template <int DT, int NT>
 static void gemv_pick(struct cu_ctx *c, float *const *y, const float *x, const void *const *w,
                       const int *m, int count, int n, int k) {
