@@ -267,16 +267,14 @@ gemv_split_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k, 
  * weight at copy speed in gemv_kernel; more tokens, or fewer rows, go faster in
  * gemv_split_kernel (H200: 1.3-3.5x at 4 tokens, 1.4x at one token on 512 rows; 1.3-1.5x
  * slower at one token on 2,048 rows and more: docs/perf/h200.md), where k and the addresses
- * allow it. Two tokens over rows shorter than 8 steps of SK_STEP stay in gemv_kernel too (o_proj
- * of a TP-4 rank, k = 2,048: 18% faster there, measured before the split kernel's row groups
- * and not since). */
+ * allow it (two tokens over short rows too, since the row groups: o_proj of a TP-4 rank 2%
+ * faster than in gemv_kernel, which was 18% faster before them). */
 template <int DT, int NT>
 static void gemv_pick(struct cu_ctx *c, float *const *y, const float *x, const void *const *w,
                       const int *m, int count, int n, int k) {
     int rows = 0;
     for (int i = 0; i < count; i++) rows += m[i];
-    const int wide = rows >= 1024, short_k = k < GEMV_WARPS * SK_STEP;
-    if (!(wide && (n == 1 || (n == 2 && short_k))) && k % 4 == 0 && aligned16(x, w, count)) {
+    if (!(rows >= 1024 && n == 1) && k % 4 == 0 && aligned16(x, w, count)) {
         int wpr = 1; /* warps a row group: the fewest whose steps cover k */
         while (wpr < GEMV_WARPS && wpr * SK_STEP < k) wpr *= 2;
         const gemv_set s = gemv_set_of(y, w, m, count, GEMV_WARPS / wpr * SK_ROWS);
