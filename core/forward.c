@@ -19,76 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model-impl.h"
+#include "step-impl.h"
 #include "tmx/log.h"
-
-enum { FULL = 0, SLIDING = 1, N_GROUPS = 2 };
-
-struct group {
-    struct tmx_kv_pool *pool; /* NULL: the model has no layers of this kind */
-    int window;               /* positions a query sees; 0: all */
-    int32_t *slot;            /* device [n_batch] cache row of each token of the step */
-    int32_t *tables;          /* device [max_seqs][max_blocks] block tables of the step */
-};
-
-/* What rank 0 broadcasts before each step's arrays (CMD_ROW: no arrays; every rank sends its
- * slice of row n of the last step's logits, tmx_model_read_logits). */
-enum { CMD_STEP = 1, CMD_QUIT = 2, CMD_ROW = 3 };
-/* What a step hands back of each row: its logits, its argmax, or its first candidates for a
- * sampler (tmx/kernels.h, topk), the last two over ids [0, n_vocab). */
-enum { PICK_LOGITS = 0, PICK_GREEDY = 1, PICK_TOP = 2, N_PICKS = 3 };
-struct step_head {
-    int32_t cmd, n, n_seqs, n_rows; /* tokens, sequences, rows whose logits are read */
-    int32_t pick, n_vocab;
-};
-
-/* A step's host arrays, views of kv->msg packed in this order so that one broadcast carries
- * them all: tok, pos, seq [n]; the groups' slots [n]; rows [n_rows]; the groups' tables
- * [n_seqs][max_blocks]; with PICK_TOP the rows' temperatures [n_rows]. */
-struct step_arrays {
-    int32_t *tok, *pos, *seq, *slot[N_GROUPS], *rows, *tables[N_GROUPS];
-    float *temps;
-};
-
-struct kv_state {
-    struct tmx_kv_options opt;
-    int max_blocks;              /* table entries of a sequence: ceil(n_ctx / block_size) */
-    struct group g[N_GROUPS];
-    struct tmx_kv_cache *cache;  /* [n_layers] */
-    /* the step's device buffers, n_batch token rows each */
-    int32_t *tok, *pos, *seq;    /* [B] */
-    int32_t *rows;               /* [max_seqs] rows whose logits the step reads */
-    float *h, *x, *o;            /* [B][hidden] residual stream, normed input, block output */
-    float *q, *att;              /* [B][n_heads*head_dim] */
-    float *kk, *vv;              /* [B][n_kv_heads*head_dim] */
-    float *f1, *f2;              /* [B][max(intermediate, shared width)] */
-    float *rl, *rw;              /* [B][n_experts] router logits, [B][top_k] routing weights */
-    int32_t *rid;                /* [B][top_k] routed expert ids */
-    float *z, *y;                /* [B][moe_latent] */
-    float *hn, *logits;          /* [max_seqs][hidden], [max_seqs][vocab slice] */
-    float *part;                 /* TP: [B][top_k * moe_latent + hidden] each pair's partial
-                                    y_e, then the shared expert's partial output */
-    float *logits_all;           /* TP: [ranks][max_seqs][vocab_stride] gathered logits */
-    int32_t *pick;               /* [2][max_seqs] a greedy step's ids, then their logits */
-    float *temps;                /* [max_seqs] a top step's temperatures (with topk, one rank) */
-    void *top;                   /* a top step of r rows, packed so that one read takes them:
-                                    x [r][TMX_TOPK_MAX] float, ids [r][TMX_TOPK_MAX] int32,
-                                    stats [r][3] double; room for max_seqs rows */
-    void *top_host;              /* host: the same, read back */
-    void *top_all;               /* TP: [ranks][max_seqs * TOP_ROW_BYTES] gathered kv->top */
-    void *top_gathered;          /* host TP, rank 0: top_all read back */
-    int *top_at;                 /* host TP: [ranks] a merge's place in each rank's list */
-    int n_rows_read;             /* rows of kv->logits the last step left */
-    int32_t *msg;                /* host: the step's arrays (struct step_arrays) */
-    int32_t *tok_host;           /* host TP: [B] token ids as rows of this rank's embedding */
-    float *gathered;             /* host TP, rank 0: logits_all read back */
-    int32_t *status;             /* host TP: [ranks] each rank's status after a step */
-    float *host_logits;          /* host [max_seqs][vocab_size]: greedy steps on a set without
-                                    argmax, made by the first one */
-    void **graphs;               /* [N_PICKS][max_seqs + 1] decode step of n sequences, recorded
-                                    once for each pick the set makes */
-    int graph_vocab[N_PICKS];    /* the n_vocab each kind of graph was recorded with */
-};
 
 struct tmx_seq {
     struct tmx_model *m;
@@ -166,9 +98,6 @@ static enum tmx_status cache_init(struct tmx_model *m, struct kv_state *kv, char
     return st;
 }
 
-/* Bytes of kv->top a row takes. */
-#define TOP_ROW_BYTES (TMX_TOPK_MAX * (sizeof(float) + sizeof(int32_t)) + 3 * sizeof(double))
-
 /* Whether a step can hand back each row's first candidates (the set's topk) instead of its
  * logits. */
 static int top_on_set(const struct tmx_model *m) { return TMX_OPS_HAS(m->k->ops, topk); }
@@ -206,7 +135,8 @@ static enum tmx_status step_buffers_init(struct tmx_model *m, struct kv_state *k
             !(kv->top_host = malloc(bytes)))
             st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
         if (st == TMX_OK && R > 1 && (st = dev_alloc(m, &kv->top_all, R * bytes, err)) == TMX_OK &&
-            (!(kv->top_gathered = malloc(R * bytes)) || !(kv->top_at = malloc(R * sizeof(int)))))
+            (!(kv->top_gathered = malloc(R * bytes)) ||
+             !(kv->top_lists = malloc(R * sizeof *kv->top_lists))))
             st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
     if (st == TMX_OK && R > 1) {
@@ -307,7 +237,7 @@ void tmx_model_kv_free(struct tmx_model *m) {
     free(kv->host_logits);
     free(kv->top_host);
     free(kv->top_gathered);
-    free(kv->top_at);
+    free(kv->top_lists);
     free(kv->cache);
     free(kv);
     m->kv = NULL;
@@ -668,225 +598,6 @@ static void logits_rows(struct tmx_model *m, int r) {
     op->matmul(kc, kv->logits, kv->hn, head, r);
 }
 
-/* kv->logits of r rows -> logits[r][vocab_size] (NULL: a follower, which only sends). With
- * several ranks each has [r][its vocab rows]; the all-gather puts them side by side. */
-static enum tmx_status read_logits(struct tmx_model *m, int r, float *logits, char **err) {
-    const struct tmx_kernels_i *op = m->k->ops;
-    const struct tp_shard *tp = &m->tp;
-    struct kv_state *kv = m->kv;
-    void *kc = m->k->ctx;
-    const int V = m->cfg.vocab_size, stride = tp->vocab_stride;
-    if (tp->n == 1) return op->buf_read(kc, logits, kv->logits, (size_t)r * V * sizeof *logits);
-    const size_t part = (size_t)r * stride * sizeof(float); /* [r][vocab_n] of each rank */
-    enum tmx_status st = tmx_comm_allgather(tp->data, kv->logits, kv->logits_all, part, err);
-    if (st != TMX_OK || !logits) return st;
-    if ((st = op->buf_read(kc, kv->gathered, kv->logits_all, part * tp->n)) != TMX_OK) return st;
-    for (int q = 0; q < tp->n; q++) {
-        const int vn = q == tp->n - 1 ? V - stride * q : stride;
-        const float *src = kv->gathered + (size_t)q * r * stride;
-        for (int i = 0; i < r; i++)
-            memcpy(logits + (size_t)i * V + (size_t)q * stride, src + (size_t)i * vn,
-                   (size_t)vn * sizeof *logits);
-    }
-    return TMX_OK;
-}
-
-/* The argmax over ids [0, d) of a row of logits, as a kernel set's argmax: the lowest id of
- * the largest value, NaN never the largest (a row of NaN only: 0). */
-static int32_t host_argmax(const float *x, int d) {
-    int32_t at = -1;
-    for (int32_t i = 0; i < d; i++)
-        if (!isnan(x[i]) && (at < 0 || x[i] > x[at])) at = i;
-    return at < 0 ? 0 : at;
-}
-
-/* kv->logits of r rows -> next[r], each row's argmax over ids [0, n_vocab) (next NULL: a
- * follower, which only sends). The kernel set's argmax runs where the logits are: with several
- * ranks each finds the best of its vocabulary slice and rank 0 the best of theirs (the lower
- * rank, so the lower id, on a tie), and only ids and values travel. A set without argmax reads
- * the logits back. */
-static enum tmx_status pick_rows(struct tmx_model *m, int r, int n_vocab, int32_t *next,
-                                 char **err) {
-    const struct tmx_kernels_i *op = m->k->ops;
-    const struct tp_shard *tp = &m->tp;
-    struct kv_state *kv = m->kv;
-    void *kc = m->k->ctx;
-    const int S = kv->opt.max_seqs, V = m->cfg.vocab_size;
-    if (!TMX_OPS_HAS(op, argmax)) {
-        if (next && !kv->host_logits &&
-            !(kv->host_logits = malloc((size_t)S * V * sizeof *kv->host_logits)))
-            return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
-        enum tmx_status st = read_logits(m, r, next ? kv->host_logits : NULL, err);
-        for (int i = 0; st == TMX_OK && next && i < r; i++)
-            next[i] = host_argmax(kv->host_logits + (size_t)i * V, n_vocab);
-        return st;
-    }
-    int32_t *ids = kv->pick; /* then the values: [2][S] */
-    const int d = n_vocab - tp->vocab0 < tp->vocab_n ? n_vocab - tp->vocab0 : tp->vocab_n;
-    enum tmx_status st = TMX_OK;
-    if (d > 0) {
-        op->argmax(kc, ids, (float *)(kv->pick + S), kv->logits, r, d, tp->vocab_n);
-    } else { /* a rank whose ids all lie past n_vocab offers none */
-        for (int i = 0; i < r; i++) kv->tok_host[i] = -1;
-        st = op->buf_write(kc, ids, kv->tok_host, (size_t)r * sizeof *ids);
-    }
-    if (st != TMX_OK) return st;
-    if (tp->n == 1) return op->buf_read(kc, next, ids, (size_t)r * sizeof *next);
-    const size_t part = 2 * (size_t)S * sizeof *ids;
-    if ((st = tmx_comm_allgather(tp->data, kv->pick, kv->logits_all, part, err)) != TMX_OK ||
-        !next)
-        return st;
-    int32_t *all = (int32_t *)kv->gathered; /* [ranks][2][S] */
-    if ((st = op->buf_read(kc, all, kv->logits_all, part * tp->n)) != TMX_OK) return st;
-    for (int i = 0; i < r; i++) {
-        int q_best = -1;
-        float v_best = 0;
-        for (int q = 0; q < tp->n; q++) {
-            const int32_t *of_q = all + (size_t)q * 2 * S;
-            float v;
-            memcpy(&v, of_q + S + i, sizeof v);
-            if (of_q[i] >= 0 && !isnan(v) && (q_best < 0 || v > v_best)) q_best = q, v_best = v;
-        }
-        next[i] = q_best < 0 ? 0 : q_best * tp->vocab_stride + all[(size_t)q_best * 2 * S + i];
-    }
-    return TMX_OK;
-}
-
-/* What a step hands back (all NULL on a follower): logits[n_rows][vocab_size]; with
- * PICK_GREEDY the rows' argmax next[n_rows]; with PICK_TOP their first candidates at temps[]:
- * top_x and top_id [n_rows][TMX_TOPK_MAX], top_stat [n_rows][3] (tmx_model_step_top). */
-struct step_out {
-    float *logits;
-    int32_t *next;
-    const float *temps;
-    float *top_x;
-    int32_t *top_id;
-    double *top_stat;
-};
-
-/* Views of a packed top buffer of r rows: x [r][TMX_TOPK_MAX], ids [r][TMX_TOPK_MAX],
- * stats [r][3]. */
-struct top_view {
-    float *x;
-    int32_t *ids;
-    double *stats;
-};
-
-static struct top_view top_view(void *buf, int r) {
-    struct top_view v = {buf, NULL, NULL};
-    v.ids = (int32_t *)(v.x + (size_t)r * TMX_TOPK_MAX);
-    v.stats = (double *)(v.ids + (size_t)r * TMX_TOPK_MAX);
-    return v;
-}
-
-/* Columns of this rank's vocabulary slice below n_vocab. */
-static int slice_width(const struct tp_shard *tp, int n_vocab) {
-    const int d = n_vocab - tp->vocab0 < tp->vocab_n ? n_vocab - tp->vocab0 : tp->vocab_n;
-    return d > 0 ? d : 0;
-}
-
-/* The set's topk over kv->logits of r rows (this rank's slice below h->n_vocab) into kv->top,
- * packed for r rows (queued or recorded). A rank whose ids all lie past n_vocab has none: rank
- * 0 skips it. */
-static void top_rows(struct tmx_model *m, const struct step_head *h, int r) {
-    struct kv_state *kv = m->kv;
-    const int d = slice_width(&m->tp, h->n_vocab);
-    const struct top_view v = top_view(kv->top, r);
-    if (d > 0)
-        m->k->ops->topk(m->k->ctx, v.x, v.ids, v.stats, kv->logits, kv->temps, r, d,
-                        m->tp.vocab_n, TMX_TOPK_MAX);
-}
-
-/* TP, rank 0: row i's first candidates at temperature t from every rank's (gathered, rank
- * q's r rows at gathered + q * part): the first TMX_TOPK_MAX of their union in candidate order
- * (by x / t; ranks hold ascending ids, so the lower rank first among equal values), and the
- * sums, each rank's rescaled to the merged first candidate. */
-static void merge_top(const struct tmx_model *m, const unsigned char *gathered, size_t part,
-                      int r, int i, int n_vocab, float t, const struct step_out *out) {
-    const struct tp_shard *tp = &m->tp;
-    const size_t at_i = (size_t)i * TMX_TOPK_MAX;
-    int *at = m->kv->top_at; /* the next of rank q's candidates; TMX_TOPK_MAX: none left */
-    int lead = -1;           /* the rank of the first candidate */
-    for (int q = 0; q < tp->n; q++) {
-        const struct top_view v = top_view((void *)(gathered + q * part), r);
-        const int live = n_vocab > q * tp->vocab_stride && v.stats[3 * i + 1] > 0;
-        at[q] = live ? 0 : TMX_TOPK_MAX;
-        if (live && (lead < 0 || v.x[at_i] / t >
-                     top_view((void *)(gathered + lead * part), r).x[at_i] / t))
-            lead = q;
-    }
-    double sum = 0.0, count = 0.0, sum1 = 0.0;
-    const float x0 = lead < 0 ? 0.0f : top_view((void *)(gathered + lead * part), r).x[at_i];
-    for (int q = 0; q < tp->n; q++) {
-        const struct top_view v = top_view((void *)(gathered + q * part), r);
-        if (at[q] == 0) {
-            sum += v.stats[3 * i] * exp((double)(v.x[at_i] / t) - x0 / t);
-            count += v.stats[3 * i + 1];
-            sum1 += v.stats[3 * i + 2] * exp((double)v.x[at_i] - x0);
-        }
-    }
-    for (int j = 0; j < TMX_TOPK_MAX; j++) {
-        int best = -1;
-        float x_best = 0.0f;
-        for (int q = 0; q < tp->n; q++) {
-            const struct top_view v = top_view((void *)(gathered + q * part), r);
-            if (at[q] == TMX_TOPK_MAX || v.ids[at_i + at[q]] < 0) continue;
-            if (best < 0 || v.x[at_i + at[q]] / t > x_best / t)
-                best = q, x_best = v.x[at_i + at[q]];
-        }
-        out->top_x[at_i + j] = best < 0 ? -INFINITY : x_best;
-        out->top_id[at_i + j] = -1;
-        if (best >= 0) {
-            const struct top_view v = top_view((void *)(gathered + best * part), r);
-            out->top_id[at_i + j] = best * tp->vocab_stride + v.ids[at_i + at[best]++];
-        }
-    }
-    out->top_stat[3 * i] = count > 0 ? sum : 0.0;
-    out->top_stat[3 * i + 1] = count;
-    out->top_stat[3 * i + 2] = count > 0 ? sum1 : 0.0;
-}
-
-/* TP: every rank's kv->top of r rows to rank 0 (out's arrays NULL: a follower, which only
- * sends), which merges them into out. */
-static enum tmx_status gather_top(struct tmx_model *m, const struct step_head *h, int r,
-                                  const struct step_out *out, char **err) {
-    struct kv_state *kv = m->kv;
-    const size_t part = (size_t)r * TOP_ROW_BYTES;
-    enum tmx_status st = tmx_comm_allgather(m->tp.data, kv->top, kv->top_all, part, err);
-    if (st != TMX_OK || !out->top_x) return st;
-    st = m->k->ops->buf_read(m->k->ctx, kv->top_gathered, kv->top_all, part * m->tp.n);
-    for (int i = 0; st == TMX_OK && i < r; i++)
-        merge_top(m, kv->top_gathered, part, r, i, h->n_vocab, out->temps[i], out);
-    return st;
-}
-
-/* kv->top of r rows -> out's arrays, in one read. */
-static enum tmx_status read_top(struct tmx_model *m, int r, const struct step_out *out) {
-    struct kv_state *kv = m->kv;
-    enum tmx_status st = m->k->ops->buf_read(m->k->ctx, kv->top_host, kv->top,
-                                             (size_t)r * TOP_ROW_BYTES);
-    if (st != TMX_OK) return st;
-    const struct top_view v = top_view(kv->top_host, r);
-    const size_t TK = (size_t)r * TMX_TOPK_MAX;
-    memcpy(out->top_x, v.x, TK * sizeof *v.x);
-    memcpy(out->top_id, v.ids, TK * sizeof *v.ids);
-    memcpy(out->top_stat, v.stats, 3 * (size_t)r * sizeof *v.stats);
-    return TMX_OK;
-}
-
-/* Reads the r rows of kv->logits out as `out` asks, the first `done` rows being written. */
-static enum tmx_status read_rows(struct tmx_model *m, const struct step_head *h, int r, int done,
-                                 const struct step_out *out, char **err) {
-    const size_t V = (size_t)m->cfg.vocab_size;
-    if (h->pick == PICK_GREEDY)
-        return pick_rows(m, r, h->n_vocab, out->next ? out->next + done : NULL, err);
-    if (h->pick == PICK_TOP) { /* at most max_seqs rows: done is 0 */
-        top_rows(m, h, r);
-        return m->tp.n == 1 ? read_top(m, r, out) : gather_top(m, h, r, out, err);
-    }
-    return read_logits(m, r, out->logits ? out->logits + (size_t)done * V : NULL, err);
-}
-
 /* The whole step on h->n tokens with the output of h->n_rows rows (rows), eagerly or, for a
  * decode step of n sequences, through the graph recorded for n and the pick the set makes. */
 static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, int decode,
@@ -920,7 +631,7 @@ static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, 
             if (st == TMX_OK && kind == PICK_GREEDY)
                 op->argmax(kc, kv->pick, (float *)(kv->pick + kv->opt.max_seqs), kv->logits, n,
                            h->n_vocab, m->tp.vocab_n);
-            if (st == TMX_OK && kind == PICK_TOP) top_rows(m, h, n);
+            if (st == TMX_OK && kind == PICK_TOP) tmx_step_top_queue(m, h, n);
             enum tmx_status end = op->graph_end(kc, graph);
             if (st != TMX_OK) return st;
             if (end != TMX_OK) return end;
@@ -928,8 +639,8 @@ static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, 
         if ((st = op->graph_launch(kc, *graph)) != TMX_OK) return st;
         if (kind == PICK_GREEDY)
             return op->buf_read(kc, out->next, kv->pick, (size_t)n * sizeof *out->next);
-        if (kind == PICK_TOP) return read_top(m, n, out);
-        return read_rows(m, h, n, 0, out, err);
+        if (kind == PICK_TOP) return tmx_step_top_read(m, n, out);
+        return tmx_step_read(m, h, n, 0, out, err);
     }
     /* a failure of this rank's own work comes back after the step's collectives (TP) */
     if ((st = forward_step(m, n, &failed, err)) != TMX_OK) return st;
@@ -938,7 +649,7 @@ static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, 
         if ((st = op->buf_write(kc, kv->rows, a->rows + done, (size_t)r * 4)) != TMX_OK)
             return st;
         logits_rows(m, r);
-        if ((st = read_rows(m, h, r, done, out, failed ? NULL : err)) != TMX_OK) return st;
+        if ((st = tmx_step_read(m, h, r, done, out, failed ? NULL : err)) != TMX_OK) return st;
     }
     return failed;
 }
@@ -1139,26 +850,6 @@ enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *s
     return step(m, seqs, tokens, n, n_seqs, 0, PICK_TOP, n_vocab, &out, err);
 }
 
-/* Row i of the last step's logits (several ranks: each sends its slice, and logits NULL on a
- * follower) into logits[vocab_size]. */
-static enum tmx_status row_logits(struct tmx_model *m, int i, float *logits, char **err) {
-    const struct tp_shard *tp = &m->tp;
-    struct kv_state *kv = m->kv;
-    const struct tmx_kernels_i *op = m->k->ops;
-    const int V = m->cfg.vocab_size, stride = tp->vocab_stride;
-    const float *row = kv->logits + (size_t)i * tp->vocab_n;
-    if (tp->n == 1) return op->buf_read(m->k->ctx, logits, row, (size_t)V * sizeof *logits);
-    const size_t part = (size_t)stride * sizeof(float);
-    enum tmx_status st = tmx_comm_allgather(tp->data, row, kv->logits_all, part, err);
-    if (st != TMX_OK || !logits) return st;
-    if ((st = op->buf_read(m->k->ctx, kv->gathered, kv->logits_all, part * tp->n)) != TMX_OK)
-        return st;
-    for (int q = 0; q < tp->n; q++)
-        memcpy(logits + (size_t)q * stride, kv->gathered + (size_t)q * stride,
-               (size_t)(q == tp->n - 1 ? V - stride * q : stride) * sizeof *logits);
-    return TMX_OK;
-}
-
 enum tmx_status tmx_model_read_logits(struct tmx_model *m, int i, float *logits, char **err) {
     const struct kv_state *kv = m->kv;
     if (m->tp.rank != 0)
@@ -1170,7 +861,7 @@ enum tmx_status tmx_model_read_logits(struct tmx_model *m, int i, float *logits,
     struct step_head h = {CMD_ROW, i, 0, 0, 0, 0};
     char *ferr = NULL;
     enum tmx_status st = share(m, &h, &ferr);
-    if (st == TMX_OK) st = row_logits(m, i, logits, &ferr);
+    if (st == TMX_OK) st = tmx_step_row_read(m, i, logits, &ferr);
     if (st != TMX_OK) {
         tmx_err(err, st, "kernel set %s: cannot read the logits back: %s", m->k->plugin->name,
                 ferr ? ferr : tmx_status_str(st));
@@ -1215,7 +906,7 @@ enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
         enum tmx_status st = tmx_comm_broadcast(m->tp.ctl, &h, sizeof h, 0, err);
         if (st != TMX_OK || h.cmd == CMD_QUIT) return st;
         if (h.cmd == CMD_ROW) { /* rank 0 checked the row against the same last step */
-            if ((st = row_logits(m, h.n, NULL, err)) != TMX_OK) return st;
+            if ((st = tmx_step_row_read(m, h.n, NULL, err)) != TMX_OK) return st;
             continue;
         }
         if (h.cmd != CMD_STEP || h.n < 1 || h.n > kv->opt.n_batch || h.n_seqs < 1 ||

@@ -1,5 +1,5 @@
-/* model-impl.h: the model's private state, shared by model.c (loading) and forward.c (the KV
- * cache, sequences and the step). */
+/* model-impl.h: the model's private state, shared by model.c (loading), forward.c (the KV
+ * cache, sequences and the step) and step-out.c (what a step hands back). */
 #ifndef TMX_MODEL_IMPL_H
 #define TMX_MODEL_IMPL_H
 
