@@ -108,6 +108,23 @@ static double log_sum_exp(const float *x, int n) {
     return max + log(s);
 }
 
+/* Adds token id of log probability lp to the event's list in s->top_ids / s->top_lp, *k long
+ * so far and at most want (<= TMX_MAX_TOP_LOGPROBS), which goes by lp descending, the lower id
+ * first among equal ones. */
+static void top_add(struct tmx_serve *s, int *k, int want, int32_t id, float lp) {
+    if (want == 0 || (*k == want && (lp < s->top_lp[*k - 1] ||
+                                     (lp == s->top_lp[*k - 1] && id > s->top_ids[*k - 1]))))
+        return;
+    int j = *k < want ? (*k)++ : *k - 1;
+    for (; j > 0 && (s->top_lp[j - 1] < lp || (s->top_lp[j - 1] == lp && s->top_ids[j - 1] > id));
+         j--) {
+        s->top_ids[j] = s->top_ids[j - 1];
+        s->top_lp[j] = s->top_lp[j - 1];
+    }
+    s->top_ids[j] = id;
+    s->top_lp[j] = lp;
+}
+
 /* Picks the next token of r from its logits: logit bias and penalties on a copy, then the
  * request's sampler. Fills the event's logprobs from the unmodified logits. */
 static int32_t pick(struct tmx_serve *s, struct request *r, const float *logits,
@@ -139,19 +156,9 @@ static int32_t pick(struct tmx_serve *s, struct request *r, const float *logits,
     const int32_t tok = tmx_sampler_sample(r->sampler, x);
     if (p->top_logprobs >= 0) {
         const double lse = log_sum_exp(logits, n);
-        const int want = p->top_logprobs;
-        int k = 0; /* insertion into a short sorted list: want <= TMX_MAX_TOP_LOGPROBS */
-        for (int i = 0; i < n && want > 0; i++) {
-            const float lp = (float)(logits[i] - lse);
-            if (k == want && lp <= s->top_lp[k - 1]) continue;
-            int j = k < want ? k++ : k - 1;
-            for (; j > 0 && s->top_lp[j - 1] < lp; j--) {
-                s->top_ids[j] = s->top_ids[j - 1];
-                s->top_lp[j] = s->top_lp[j - 1];
-            }
-            s->top_ids[j] = i;
-            s->top_lp[j] = lp;
-        }
+        int k = 0;
+        for (int i = 0; i < n && p->top_logprobs > 0; i++)
+            top_add(s, &k, p->top_logprobs, i, (float)(logits[i] - lse));
         ev->logprob = (float)(logits[tok] - lse);
         ev->n_top = k;
         ev->top_ids = s->top_ids;
@@ -209,17 +216,7 @@ static int32_t pick_top(struct tmx_serve *s, struct request *r, int j,
     for (int i = 0; i < known; i++) {
         const float lp = (float)(x[i] - lse);
         if (id[i] == tok) ev->logprob = lp;
-        if (want == 0 || (k == want && (lp < s->top_lp[k - 1] ||
-                                        (lp == s->top_lp[k - 1] && id[i] > s->top_ids[k - 1]))))
-            continue;
-        int p = k < want ? k++ : k - 1;
-        for (; p > 0 && (s->top_lp[p - 1] < lp ||
-                         (s->top_lp[p - 1] == lp && s->top_ids[p - 1] > id[i])); p--) {
-            s->top_ids[p] = s->top_ids[p - 1];
-            s->top_lp[p] = s->top_lp[p - 1];
-        }
-        s->top_ids[p] = id[i];
-        s->top_lp[p] = lp;
+        top_add(s, &k, want, id[i], lp);
     }
     ev->n_top = k;
     ev->top_ids = s->top_ids;
