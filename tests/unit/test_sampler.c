@@ -190,6 +190,23 @@ static int32_t ref_sample(const struct tmx_sampler_params *p, uint64_t *rng,
     return cand[n - 1].id;
 }
 
+/* Rows of logits the draws are checked on. */
+enum shape { PEAKED, QUARTERS, TIED, FLAT };
+
+/* logits[n] of a shape, from gen: a few that stand out, 17 distinct values (quarters), all
+ * equal, or all within 0.01; -inf at 17 and NaN at 4000. */
+static void fill_logits(float *logits, int n, enum shape shape, uint64_t *gen) {
+    for (int i = 0; i < n; i++) {
+        const double u = (double)(ref_splitmix64(gen) >> 11) * 0x1.0p-53;
+        logits[i] = shape == PEAKED     ? (float)(24.0 * u * u * u * u)
+                  : shape == QUARTERS ? roundf((float)(4.0 * u) * 4.0f) / 4.0f
+                  : shape == TIED     ? 1.5f
+                                      : (float)(0.01 * u);
+    }
+    logits[17] = -INFINITY;
+    logits[4000] = NAN;
+}
+
 /* The sampler sorts only the candidates its filters and draw reach: over vocabularies large
  * enough for its sampled pivots, logits with many ties (rounded to quarters, or all equal),
  * -inf and NaN, and every filter alone and together, it draws exactly the reference's tokens
@@ -208,15 +225,9 @@ static void test_partial_sort_draws_what_a_full_sort_draws(void **state) {
     assert_non_null(logits);
     assert_non_null(cand);
     uint64_t gen = 77;
-    for (int shape = 0; shape < 3; shape++) {
-        for (int i = 0; i < V; i++) {
-            const double u = (double)(ref_splitmix64(&gen) >> 11) * 0x1.0p-53;
-            logits[i] = shape == 0 ? (float)(8.0 * u * u * u)            /* a few stand out */
-                      : shape == 1 ? roundf((float)(4.0 * u) * 4.0f) / 4.0f /* 17 distinct */
-                                   : 1.5f;                                /* all tied */
-        }
-        logits[17] = -INFINITY;
-        logits[4000] = NAN;
+    static const enum shape shapes[] = {PEAKED, QUARTERS, TIED};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        fill_logits(logits, V, shapes[sh], &gen);
         for (size_t k = 0; k < sizeof settings / sizeof settings[0]; k++) {
             const struct tmx_sampler_params *p = &settings[k];
             struct tmx_sampler *s = make(p->temperature, p->top_k, p->top_p, p->min_p, p->seed, V);
@@ -263,21 +274,15 @@ static void test_top_candidates_draw_what_the_row_draws(void **state) {
         {0.0f, 0, 1.0f, 0.0f, 11},
     };
     static const int ks[] = {1, 7, 256};
-    float *logits = malloc(V * sizeof *logits), y[256];
+    float *logits = malloc(V * sizeof *logits), x[256];
     int32_t id[256];
     struct ref_cand *cand = malloc(V * sizeof *cand);
     assert_non_null(logits);
     assert_non_null(cand);
     uint64_t gen = 99;
-    for (int shape = 0; shape < 3; shape++) {
-        for (int i = 0; i < V; i++) {
-            const double u = (double)(ref_splitmix64(&gen) >> 11) * 0x1.0p-53;
-            logits[i] = shape == 0 ? (float)(24.0 * u * u * u * u)         /* a few stand out */
-                      : shape == 1 ? roundf((float)(4.0 * u) * 4.0f) / 4.0f /* 17 distinct */
-                                   : (float)(0.01 * u);                     /* flat */
-        }
-        logits[17] = -INFINITY;
-        logits[4000] = NAN;
+    static const enum shape shapes[] = {PEAKED, QUARTERS, FLAT};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        fill_logits(logits, V, shapes[sh], &gen);
         for (size_t c = 0; c < sizeof settings / sizeof settings[0]; c++)
             for (size_t kk = 0; kk < sizeof ks / sizeof ks[0]; kk++) {
                 const struct tmx_sampler_params *p = &settings[c];
@@ -286,7 +291,7 @@ static void test_top_candidates_draw_what_the_row_draws(void **state) {
                                    *top = make(p->temperature, p->top_k, p->top_p, p->min_p,
                                                p->seed, V);
                 struct tmx_sampler_top t;
-                ref_top(logits, V, p->temperature > 0 ? p->temperature : 1.0f, ks[kk], cand, y, id,
+                ref_top(logits, V, p->temperature > 0 ? p->temperature : 1.0f, ks[kk], cand, x, id,
                         &t);
                 int fallbacks = 0;
                 for (int d = 0; d < DRAWS; d++) {
@@ -298,9 +303,9 @@ static void test_top_candidates_draw_what_the_row_draws(void **state) {
                     assert_int_equal(got, tmx_sampler_sample(row, logits));
                 }
                 const int fits = p->temperature == 0 || (p->top_k > 0 && p->top_k <= 256) ||
-                                 (shape == 0 && p->top_p < 1.0f);
+                                 (shapes[sh] == PEAKED && p->top_p < 1.0f);
                 if (ks[kk] == 256 && fits) assert_int_equal(fallbacks, 0);
-                if (ks[kk] == 256 && shape == 2 && p->temperature > 0 && p->top_k == 0)
+                if (ks[kk] == 256 && shapes[sh] == FLAT && p->temperature > 0 && p->top_k == 0)
                     assert_true(fallbacks > DRAWS / 2);
                 tmx_sampler_free(row);
                 tmx_sampler_free(top);
