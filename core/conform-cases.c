@@ -207,6 +207,16 @@ const struct spec tmx_conform_specs[] = {
     {"topk/n5-d100-k256", OP_TOPK, F32, 0, .n = 5, .d = 100, .top_k = 256},
     {"topk/ties/n7-d40999-k200", OP_TOPK, F32, TIES, .n = 7, .d = 40999, .top_k = 200},
     {"topk/special/n8-d9000-k32", OP_TOPK, F32, SPECIAL, .n = 8, .d = 9000, .top_k = 32},
+
+    /* a request's logit bias and penalties: up to top_k edits a row, some of ids outside the
+     * slice [expert0, expert0 + d); a TP rank's slice and stride, a long row, NaN and
+     * infinities */
+    {"logit_edit/n4-d1000-e64", OP_LOGIT_EDIT, F32, 0, .n = 4, .d = 1000, .top_k = 64},
+    {"logit_edit/n3-d8192-ld8200-lo8192-e3000", OP_LOGIT_EDIT, F32, 0, .n = 3, .m = 8200,
+     .d = 8192, .expert0 = 8192, .top_k = 3000},
+    {"logit_edit/n1-d202048-e5000", OP_LOGIT_EDIT, F32, 0, .n = 1, .d = 202048, .top_k = 5000},
+    {"logit_edit/special/n6-d300-e300", OP_LOGIT_EDIT, F32, SPECIAL, .n = 6, .d = 300,
+     .top_k = 300},
 };
 
 const size_t tmx_conform_n_specs = sizeof tmx_conform_specs / sizeof tmx_conform_specs[0];

@@ -10,7 +10,7 @@
 enum conform_op {
     OP_EMBED, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_KV_STORE, OP_ATTENTION, OP_MOE_ROUTE,
     OP_MOE_EXPERTS, OP_SWIGLU, OP_ADD_GATED, OP_GATHER, OP_MOE_EXPERTS_PARTIAL, OP_MOE_COMBINE, OP_ARGMAX,
-    OP_MATMUL_MULTI, OP_TOPK,
+    OP_MATMUL_MULTI, OP_TOPK, OP_LOGIT_EDIT,
 };
 
 /* Variant flags. */
@@ -25,7 +25,8 @@ enum conform_op {
 #define SMALL 32u       /* rmsnorm: inputs near zero, where eps matters */
 #define WIDE 64u        /* kv_store: inputs over many binades, down to F8 subnormals */
 #define SPECIAL 128u    /* argmax: NaN and infinities, rows of NaN only and of -inf only;
-                           topk: NaN and -inf, rows of NaN only, of -inf only, of 5 candidates */
+                           topk: NaN and -inf, rows of NaN only, of -inf only, of 5 candidates;
+                           logit_edit: NaN, infinities and zeros of both signs */
 #define MIXED 256u      /* matmul_multi: weight 1 in F32, the others in dt */
 
 struct spec {
@@ -35,12 +36,13 @@ struct spec {
     unsigned flags;
     int n;                     /* token rows */
     int m, d;                  /* matmul: w [m][d]; embed: table [m][d]; gather: x [m][d];
-                                  argmax, topk: rows of d values m apart (m 0: d); others:
-                                  rows of width d */
+                                  argmax, topk, logit_edit: rows of d values m apart (m 0:
+                                  d); others: rows of width d */
     int heads, kv_heads, hd;   /* rope (heads), kv_store (kv_heads), attention */
     int block, window;         /* cache block size, sliding window (0: full) */
     int seqs, ctx;             /* sequences in the step, the longest one's length */
-    int n_exp, top_k, expert0; /* moe_route, moe_experts; topk: top_k is its k */
+    int n_exp, top_k, expert0; /* moe_route, moe_experts; topk: top_k is its k; logit_edit:
+                                  the most edits a row, expert0 its lo */
     int latent, inter;         /* moe_experts */
     float scale;               /* moe_route: routed_scaling_factor */
     int rows[4];               /* matmul_multi: rows of each weight (0: no more), d columns */

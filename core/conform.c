@@ -1004,6 +1004,60 @@ static void topk_run(struct tmx_conform_case *c) {
                  s->m ? s->m : s->d, s->top_k);
 }
 
+/* --- logit_edit ------------------------------------------------------------------------------ */
+
+/* Rows of uniform logits (SPECIAL: NaN, infinities and signed zeros sprinkled in), each with up
+ * to top_k edits of distinct ids drawn around the slice [lo, lo + d), so that some fall outside
+ * it: biases, penalties and repetition penalties each present or not. The reference is the
+ * header's rule written out; the edited rows must match it exactly, the stride's columns
+ * untouched. */
+static enum tmx_status logit_edit_new(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    const int ld = s->m ? s->m : s->d, lo = s->expert0;
+    const int first = lo > 20 ? lo - 20 : 0, span = lo + s->d + 20 - first;
+    const size_t count = (size_t)s->n * ld;
+    float *x = host_alloc(c, count * sizeof *x);
+    int32_t *starts = host_alloc(c, ((size_t)s->n + 1) * sizeof *starts);
+    struct tmx_logit_edit *e = host_alloc(c, (size_t)s->n * s->top_k * sizeof *e);
+    if (!x || !starts || !e) return c->status;
+    const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f};
+    for (size_t i = 0; i < count; i++)
+        x[i] = s->flags & SPECIAL && randint(c, 0, 3) == 0 ? specials[randint(c, 0, 4)]
+                                                          : (float)uniform(c, -8, 8);
+    const float reps[] = {1.0f, 1.3f, 0.75f};
+    int n = 0;
+    for (int r = 0; r < s->n; r++) {
+        starts[r] = n;
+        const int want = randint(c, 0, s->top_k);
+        for (int id = first; id < first + span && n - starts[r] < want; id++)
+            if (randint(c, 0, span - 1) < want)
+                e[n++] = (struct tmx_logit_edit){
+                    id, randint(c, 0, 2) ? (float)uniform(c, -5, 5) : 0.0f,
+                    randint(c, 0, 1) ? (float)uniform(c, 0, 4) : 0.0f, reps[randint(c, 0, 2)]};
+    }
+    starts[s->n] = n;
+    c->arg[0] = upload(c, x, count * sizeof *x);
+    c->arg[1] = upload(c, e, (n ? n : 1) * sizeof *e);
+    c->arg[2] = upload(c, starts, ((size_t)s->n + 1) * sizeof *starts);
+    double *ref = output(c, c->arg[0], count, TMX_DTYPE_F32);
+    if (!ref || !c->arg[1] || !c->arg[2]) return c->status;
+    for (size_t i = 0; i < count; i++) ref[i] = x[i];
+    for (int r = 0; r < s->n; r++)
+        for (int i = starts[r]; i < starts[r + 1]; i++) {
+            const int col = e[i].id - lo;
+            if (col < 0 || col >= s->d) continue;
+            const float v = (x[(size_t)r * ld + col] + e[i].bias) - e[i].penalty;
+            ref[(size_t)r * ld + col] = v > 0 ? v / e[i].rep : v * e[i].rep;
+        }
+    return TMX_OK;
+}
+
+static void logit_edit_run(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    c->ops->logit_edit(c->ctx, c->arg[0], c->arg[1], c->arg[2], s->n, s->m ? s->m : s->d,
+                       s->expert0, s->d);
+}
+
 /* --- the ops ---------------------------------------------------------------------------------- */
 
 /* Tolerances on the normalized max error. Copies are exact; the rest allow F32 rounding with
@@ -1044,6 +1098,8 @@ static const struct {
     [OP_MATMUL_MULTI] = {"matmul_multi", offsetof(struct tmx_kernels_i, matmul_multi), 1e-5,
                          matmul_multi_new, matmul_multi_run},
     [OP_TOPK] = {"topk", offsetof(struct tmx_kernels_i, topk), 1e-10, topk_new, topk_run},
+    [OP_LOGIT_EDIT] = {"logit_edit", offsetof(struct tmx_kernels_i, logit_edit), 0,
+                       logit_edit_new, logit_edit_run},
 };
 
 /* Whether the set's table is large enough to hold the op and the op is non-NULL. */

@@ -102,6 +102,48 @@ static enum tmx_status cache_init(struct tmx_model *m, struct kv_state *kv, char
  * logits. */
 static int top_on_set(const struct tmx_model *m) { return TMX_OPS_HAS(m->k->ops, topk); }
 
+/* Whether a top step can edit its logits first (a request's logit bias and penalties). */
+static int edit_on_set(const struct tmx_model *m) {
+    return top_on_set(m) && TMX_OPS_HAS(m->k->ops, logit_edit);
+}
+
+/* Frees the decode graphs of one kind (the next step of that kind records them again). */
+static void graphs_drop(struct tmx_model *m, int kind) {
+    struct kv_state *kv = m->kv;
+    const int G = kv->opt.max_seqs + 1;
+    for (int i = kind * G; kv->graphs && i < (kind + 1) * G; i++)
+        if (kv->graphs[i]) m->k->ops->graph_free(m->k->ctx, kv->graphs[i]);
+    if (kv->graphs) memset(kv->graphs + kind * G, 0, (size_t)G * sizeof *kv->graphs);
+}
+
+/* Bytes of kv->edit_msg (and edit_dev) that n edits take, their starts included. */
+static size_t edit_bytes(const struct kv_state *kv, int n) {
+    return ((size_t)kv->opt.max_seqs + 1) * sizeof(int32_t) +
+           (size_t)n * sizeof(struct tmx_logit_edit);
+}
+
+/* Room for n logit edits in kv->edit_msg and kv->edit_dev (each rank), grown by doubling; the
+ * edited graphs, which hold edit_dev's address, go when it moves. */
+static enum tmx_status edits_reserve(struct tmx_model *m, int n, char **err) {
+    struct kv_state *kv = m->kv;
+    if (n <= kv->edit_cap) return TMX_OK;
+    int cap = kv->edit_cap ? kv->edit_cap : 1024;
+    while (cap < n) cap = cap > INT32_MAX / 2 ? n : 2 * cap;
+    const size_t bytes = edit_bytes(kv, cap);
+    int32_t *msg = realloc(kv->edit_msg, bytes);
+    if (!msg) return tmx_err(err, TMX_ERR_NOMEM, "out of memory for %d logit edits", n);
+    kv->edit_msg = msg;
+    if (!kv->edit_seen && !(kv->edit_seen = calloc((size_t)m->cfg.vocab_size, 1)))
+        return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    graphs_drop(m, GRAPH_TOP_EDITED);
+    dev_free(m, kv->edit_dev);
+    kv->edit_dev = NULL;
+    kv->edit_cap = 0;
+    enum tmx_status st = dev_alloc(m, &kv->edit_dev, bytes, err);
+    if (st == TMX_OK) kv->edit_cap = cap;
+    return st;
+}
+
 static enum tmx_status step_buffers_init(struct tmx_model *m, struct kv_state *kv, char **err) {
     const struct tmx_model_config *c = &m->cfg;
     const struct tp_shard *tp = &m->tp;
@@ -204,7 +246,7 @@ enum tmx_status tmx_model_kv_init(struct tmx_model *m, const struct tmx_kv_optio
     if (st == TMX_OK) st = cache_init(m, kv, err);
     if (st == TMX_OK) st = step_buffers_init(m, kv, err);
     if (st == TMX_OK && o.graphs && graphs_usable(m)) {
-        kv->graphs = calloc(N_PICKS * ((size_t)o.max_seqs + 1), sizeof *kv->graphs);
+        kv->graphs = calloc(N_GRAPHS * ((size_t)o.max_seqs + 1), sizeof *kv->graphs);
         if (!kv->graphs) st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
     if (st != TMX_OK) tmx_model_kv_free(m);
@@ -220,14 +262,13 @@ void tmx_model_kv_free(struct tmx_model *m) {
         dev_free(m, kv->cache[l].k_scale);
         dev_free(m, kv->cache[l].v_scale);
     }
-    for (int i = 0; kv->graphs && i < N_PICKS * (kv->opt.max_seqs + 1); i++)
-        if (kv->graphs[i]) m->k->ops->graph_free(m->k->ctx, kv->graphs[i]);
+    for (int kind = 0; kind < N_GRAPHS; kind++) graphs_drop(m, kind);
     free(kv->graphs);
     void *bufs[] = {kv->tok, kv->pos, kv->seq, kv->rows, kv->h, kv->x, kv->o, kv->q, kv->att,
                     kv->kk, kv->vv, kv->f1, kv->f2, kv->rl, kv->rw, kv->rid, kv->z, kv->y,
                     kv->hn, kv->logits, kv->g[0].slot, kv->g[0].tables, kv->g[1].slot,
                     kv->g[1].tables, kv->part, kv->logits_all, kv->pick, kv->temps, kv->top,
-                    kv->top_all};
+                    kv->top_all, kv->edit_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(m, bufs[i]);
     for (int g = 0; g < N_GROUPS; g++) tmx_kv_pool_free(kv->g[g].pool);
     free(kv->msg);
@@ -238,6 +279,8 @@ void tmx_model_kv_free(struct tmx_model *m) {
     free(kv->top_host);
     free(kv->top_gathered);
     free(kv->top_lists);
+    free(kv->edit_msg);
+    free(kv->edit_seen);
     free(kv->cache);
     free(kv);
     m->kv = NULL;
@@ -612,14 +655,15 @@ static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, 
     kv->n_rows_read = n_rows <= kv->opt.max_seqs ? n_rows : 0; /* kv->logits holds them all */
     if (h->pick == PICK_TOP) {
         st = op->buf_write(kc, kv->temps, a->temps, (size_t)n_rows * sizeof *a->temps);
+        if (st == TMX_OK && h->n_edits)
+            st = op->buf_write(kc, kv->edit_dev, kv->edit_msg, edit_bytes(kv, h->n_edits));
         if (st != TMX_OK) return st;
     }
     if (decode && kv->graphs) { /* one rank: nothing fails and runs on */
-        const int G = kv->opt.max_seqs + 1, kind = on_set ? h->pick : PICK_LOGITS;
+        const int G = kv->opt.max_seqs + 1;
+        const int kind = !on_set ? PICK_LOGITS : h->n_edits ? GRAPH_TOP_EDITED : h->pick;
         if (on_set && kv->graph_vocab[kind] != h->n_vocab) { /* another tokenizer's width */
-            for (int i = kind * G; i < (kind + 1) * G; i++)
-                if (kv->graphs[i]) op->graph_free(kc, kv->graphs[i]);
-            memset(kv->graphs + kind * G, 0, (size_t)G * sizeof *kv->graphs);
+            graphs_drop(m, kind);
             kv->graph_vocab[kind] = h->n_vocab;
         }
         void **graph = &kv->graphs[n + kind * G];
@@ -631,7 +675,7 @@ static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, 
             if (st == TMX_OK && kind == PICK_GREEDY)
                 op->argmax(kc, kv->pick, (float *)(kv->pick + kv->opt.max_seqs), kv->logits, n,
                            h->n_vocab, m->tp.vocab_n);
-            if (st == TMX_OK && kind == PICK_TOP) tmx_step_top_queue(m, h, n);
+            if (st == TMX_OK && h->pick == PICK_TOP) tmx_step_top_queue(m, h, n);
             enum tmx_status end = op->graph_end(kc, graph);
             if (st != TMX_OK) return st;
             if (end != TMX_OK) return end;
@@ -639,7 +683,7 @@ static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, 
         if ((st = op->graph_launch(kc, *graph)) != TMX_OK) return st;
         if (kind == PICK_GREEDY)
             return op->buf_read(kc, out->next, kv->pick, (size_t)n * sizeof *out->next);
-        if (kind == PICK_TOP) return tmx_step_top_read(m, n, out);
+        if (h->pick == PICK_TOP) return tmx_step_top_read(m, n, out);
         return tmx_step_read(m, h, n, 0, out, err);
     }
     /* a failure of this rank's own work comes back after the step's collectives (TP) */
@@ -720,6 +764,14 @@ static enum tmx_status agree(struct tmx_model *m, enum tmx_status st, char **err
     return st;
 }
 
+/* A step's logit edits (kv->edit_msg) from rank 0 to the followers, which made room for them
+ * (tmx_model_follow). */
+static enum tmx_status edits_broadcast(struct tmx_model *m, const struct step_head *h,
+                                       char **err) {
+    struct kv_state *kv = m->kv;
+    return tmx_comm_broadcast(m->tp.ctl, kv->edit_msg, edit_bytes(kv, h->n_edits), 0, err);
+}
+
 /* Rank 0 hands the step in h and kv->msg to the followers. */
 static enum tmx_status share(struct tmx_model *m, struct step_head *h, char **err) {
     if (m->tp.n == 1) return TMX_OK;
@@ -728,6 +780,8 @@ static enum tmx_status share(struct tmx_model *m, struct step_head *h, char **er
     enum tmx_status st = tmx_comm_broadcast(m->tp.ctl, h, sizeof *h, 0, err);
     if (st == TMX_OK && h->cmd == CMD_STEP)
         st = tmx_comm_broadcast(m->tp.ctl, m->kv->msg, count * 4, 0, err);
+    if (st == TMX_OK && h->cmd == CMD_STEP && h->n_edits)
+        st = edits_broadcast(m, h, err);
     return st;
 }
 
@@ -753,7 +807,8 @@ static enum tmx_status step(struct tmx_model *m, struct tmx_seq *const *seqs,
                            "new > context %d", s->n_past, n[i], s->n_ctx);
         N += n[i];
     }
-    struct step_head h = {CMD_STEP, N, n_seqs, all_rows ? N : n_seqs, pick, n_vocab};
+    const int n_edits = out->edit_starts ? out->edit_starts[n_seqs] : 0;
+    struct step_head h = {CMD_STEP, N, n_seqs, all_rows ? N : n_seqs, pick, n_vocab, n_edits};
     struct step_arrays a;
     step_arrays(kv, &h, &a);
     for (int i = 0, at = 0; i < n_seqs; at += n[i++]) {
@@ -782,6 +837,10 @@ static enum tmx_status step(struct tmx_model *m, struct tmx_seq *const *seqs,
     }
     for (int j = 0; all_rows && j < N; j++) a.rows[j] = j;
     if (pick == PICK_TOP) memcpy(a.temps, out->temps, (size_t)n_seqs * sizeof *a.temps);
+    if (n_edits) { /* tmx_model_step_top checked them and made room */
+        memcpy(kv->edit_msg, out->edit_starts, ((size_t)n_seqs + 1) * sizeof *out->edit_starts);
+        memcpy(EDITS_AT(kv, kv->edit_msg), out->edits, (size_t)n_edits * sizeof *out->edits);
+    }
 
     char *ferr = NULL;
     enum tmx_status st = share(m, &h, &ferr);
@@ -832,9 +891,46 @@ int tmx_model_can_top(const struct tmx_model *m) {
            (m->tp.n > 1 || !(m->k->plugin->caps & TMX_CAP_HOST_MEMORY));
 }
 
+int tmx_model_can_edit(const struct tmx_model *m) {
+    return tmx_model_can_top(m) && edit_on_set(m);
+}
+
+/* A top step's edits: starts ascending from 0, ids in [0, n_vocab), none twice in a row. Makes
+ * room for them (rank 0; the followers make theirs when the step comes). */
+static enum tmx_status edits_check(struct tmx_model *m, const int32_t *starts,
+                                   const struct tmx_logit_edit *edits, int n_seqs, int n_vocab,
+                                   char **err) {
+    if (!edit_on_set(m))
+        return tmx_err(err, TMX_ERR_UNSUPPORTED, "top step: kernel set %s cannot edit logits "
+                       "(logit_edit, ABI 2.5)", m->k->plugin->name);
+    if (starts[0] != 0)
+        return tmx_err(err, TMX_ERR_INVALID, "top step: edit_starts[0] = %d, not 0", starts[0]);
+    for (int i = 0; i < n_seqs; i++)
+        if (starts[i + 1] < starts[i])
+            return tmx_err(err, TMX_ERR_INVALID, "top step: edit_starts[%d] = %d is below "
+                           "edit_starts[%d] = %d", i + 1, starts[i + 1], i, starts[i]);
+    enum tmx_status st = edits_reserve(m, starts[n_seqs], err);
+    unsigned char *seen = m->kv->edit_seen;
+    for (int i = 0; st == TMX_OK && i < n_seqs; i++) {
+        int j = starts[i];
+        for (; j < starts[i + 1]; j++) {
+            const int32_t id = edits[j].id;
+            if (id < 0 || id >= n_vocab || seen[id]) break;
+            seen[id] = 1;
+        }
+        if (j < starts[i + 1])
+            st = tmx_err(err, TMX_ERR_INVALID, "top step: edit %d of sequence %d: id %d %s", j,
+                         i, edits[j].id, edits[j].id < 0 || edits[j].id >= n_vocab
+                         ? "outside the vocabulary" : "edited twice");
+        for (int k = starts[i]; k < j; k++) seen[edits[k].id] = 0;
+    }
+    return st;
+}
+
 enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *seqs,
                                    const int32_t *const *tokens, const int *n, int n_seqs,
-                                   int n_vocab, const float *temps, float *xs, int32_t *ids,
+                                   int n_vocab, const float *temps, const int32_t *edit_starts,
+                                   const struct tmx_logit_edit *edits, float *xs, int32_t *ids,
                                    double *stats, char **err) {
     if (!m->kv || !top_on_set(m))
         return tmx_err(err, TMX_ERR_UNSUPPORTED, "top step: kernel set %s has no topk (ABI 2.4)",
@@ -846,7 +942,12 @@ enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *s
         if (!(temps[i] > 0) || !isfinite(temps[i]))
             return tmx_err(err, TMX_ERR_INVALID, "top step: temperature %g of sequence %d is "
                            "not positive", temps[i], i);
-    const struct step_out out = {.temps = temps, .top_x = xs, .top_id = ids, .top_stat = stats};
+    if (edit_starts && n_seqs >= 1 && n_seqs <= m->kv->opt.max_seqs) {
+        enum tmx_status st = edits_check(m, edit_starts, edits, n_seqs, n_vocab, err);
+        if (st != TMX_OK) return st;
+    }
+    const struct step_out out = {.temps = temps, .edit_starts = edit_starts, .edits = edits,
+                                 .top_x = xs, .top_id = ids, .top_stat = stats};
     return step(m, seqs, tokens, n, n_seqs, 0, PICK_TOP, n_vocab, &out, err);
 }
 
@@ -858,7 +959,7 @@ enum tmx_status tmx_model_read_logits(struct tmx_model *m, int i, float *logits,
     if (!kv || i < 0 || i >= kv->n_rows_read)
         return tmx_err(err, TMX_ERR_INVALID, "logits: row %d of the last step's %d", i,
                        kv ? kv->n_rows_read : 0);
-    struct step_head h = {CMD_ROW, i, 0, 0, 0, 0};
+    struct step_head h = {CMD_ROW, i, 0, 0, 0, 0, 0};
     char *ferr = NULL;
     enum tmx_status st = share(m, &h, &ferr);
     if (st == TMX_OK) st = tmx_step_row_read(m, i, logits, &ferr);
@@ -912,7 +1013,8 @@ enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
         if (h.cmd != CMD_STEP || h.n < 1 || h.n > kv->opt.n_batch || h.n_seqs < 1 ||
             h.n_seqs > kv->opt.max_seqs || h.n_rows < 1 || h.n_rows > h.n || h.pick < 0 ||
             h.pick >= N_PICKS || (h.pick == PICK_TOP && !top_on_set(m)) || h.n_vocab < 0 ||
-            h.n_vocab > m->cfg.vocab_size)
+            h.n_vocab > m->cfg.vocab_size || h.n_edits < 0 ||
+            (h.n_edits && (h.pick != PICK_TOP || !edit_on_set(m))))
             return tmx_err(err, TMX_ERR_INVALID, "rank %d: a step from rank 0 with command "
                            "%d, %d tokens, %d sequences, %d rows does not fit this rank's "
                            "cache (were all ranks set up alike?)", m->tp.rank, (int)h.cmd,
@@ -920,6 +1022,9 @@ enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
         struct step_arrays a;
         const size_t count = step_arrays(kv, &h, &a);
         if ((st = tmx_comm_broadcast(m->tp.ctl, kv->msg, count * 4, 0, err)) != TMX_OK)
+            return st;
+        if (h.n_edits && ((st = edits_reserve(m, h.n_edits, err)) != TMX_OK ||
+                          (st = edits_broadcast(m, &h, err)) != TMX_OK))
             return st;
         char *ferr = NULL;
         const struct step_out none = {0};
@@ -934,6 +1039,6 @@ enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
 
 enum tmx_status tmx_model_stop(struct tmx_model *m, char **err) {
     if (m->tp.n == 1 || m->tp.rank != 0) return TMX_OK;
-    struct step_head h = {CMD_QUIT, 0, 0, 0, 0, 0};
+    struct step_head h = {CMD_QUIT, 0, 0, 0, 0, 0, 0};
     return share(m, &h, err);
 }

@@ -64,11 +64,14 @@ struct tmx_serve {
     int32_t *top_id;                  /* [max_running][TMX_TOPK_MAX] */
     double *top_stat;                 /* [max_running][3] */
     float *work;                      /* [vocab_size] */
+    int32_t *edit_starts;             /* [max_running + 1] of a top step: each row's edits */
+    struct tmx_logit_edit *edits;     /* [edit_cap] of a step, or of one request (pick) */
+    size_t edit_cap;
     struct tmx_seq **b_seq;           /* [max_running] the step's batch */
     const int32_t **b_tok;            /* [max_running] */
     int *b_n;                         /* [max_running] */
     struct request **b_req;           /* [max_running] */
-    int *counts;                      /* [n_vocab] scratch of the penalties, kept zero */
+    int *edit_at;                     /* [vocab_size] scratch of edits_of, kept zero */
     struct tmx_template *chat;        /* the model's chat template, or NULL */
     json_t *special;                  /* bos_token / eos_token strings for the template */
     int32_t top_ids[TMX_MAX_TOP_LOGPROBS];
@@ -125,33 +128,79 @@ static void top_add(struct tmx_serve *s, int *k, int want, int32_t id, float lp)
     s->top_lp[j] = lp;
 }
 
-/* Picks the next token of r from its logits: logit bias and penalties on a copy, then the
- * request's sampler. Fills the event's logprobs from the unmodified logits. */
-static int32_t pick(struct tmx_serve *s, struct request *r, const float *logits,
+/* Whether r's sampler reads nothing but its logits over the tokenizer's ids (no logit bias or
+ * penalties), so that a step can pick its next token where the logits are: from their first
+ * candidates (tmx_model_step_top), and when greedy without logprobs, their argmax. */
+static int plain(const struct request *r) {
+    const struct tmx_request_params *p = &r->p;
+    return p->n_bias == 0 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
+           p->repetition_penalty == 1;
+}
+
+/* The edits that r's logit bias and penalties make to its next logits need room for. */
+static size_t edits_bound(const struct request *r) {
+    return plain(r) ? 0 : (size_t)r->p.n_bias + (size_t)r->n_tokens;
+}
+
+/* r's edit of logit id, made (changing nothing) when r has none yet. */
+static struct tmx_logit_edit *edit_of(int *at, struct tmx_logit_edit *e, int *n, int32_t id) {
+    if (!at[id]) {
+        e[*n] = (struct tmx_logit_edit){id, 0.0f, 0.0f, 1.0f};
+        at[id] = ++*n;
+    }
+    return &e[at[id] - 1];
+}
+
+/* The edits of r's next logits into e (room for edits_bound), one an id below n_vocab (the
+ * sampler reads no other): its logit bias (the biases of one id summed), the OpenAI penalties
+ * over the tokens it generated (frequency x count + presence), the CTRL / HF repetition penalty
+ * over every token it has seen, prompt included. Returns their number. */
+static int edits_of(struct tmx_serve *s, const struct request *r, struct tmx_logit_edit *e) {
+    const struct tmx_request_params *p = &r->p;
+    int *at = s->edit_at, n = 0;
+    for (int i = 0; i < p->n_bias; i++)
+        edit_of(at, e, &n, p->bias_ids[i])->bias += p->bias_values[i];
+    if (p->presence_penalty != 0 || p->frequency_penalty != 0) {
+        for (int i = p->n_prompt; i < r->n_tokens; i++) /* counted in penalty first */
+            if (r->tokens[i] < s->n_vocab) edit_of(at, e, &n, r->tokens[i])->penalty += 1.0f;
+        for (int i = 0; i < n; i++)
+            if (e[i].penalty > 0)
+                e[i].penalty = p->frequency_penalty * e[i].penalty + p->presence_penalty;
+    }
+    if (p->repetition_penalty != 1)
+        for (int i = 0; i < r->n_tokens; i++)
+            if (r->tokens[i] < s->n_vocab)
+                edit_of(at, e, &n, r->tokens[i])->rep = p->repetition_penalty;
+    for (int i = 0; i < n; i++) at[e[i].id] = 0;
+    return n;
+}
+
+/* Room for n edits in s->edits; 0 when out of memory. */
+static int edits_room(struct tmx_serve *s, size_t n) {
+    if (n <= s->edit_cap) return 1;
+    struct tmx_logit_edit *e = realloc(s->edits, n * sizeof *e);
+    if (!e) return 0;
+    s->edits = e;
+    s->edit_cap = n;
+    return 1;
+}
+
+/* Picks the next token of r from its logits: with `edited` 0 the logit bias and penalties go
+ * on a copy (edited 1: the logits carry them, from a top step), then the request's sampler.
+ * Fills the event's logprobs from the logits, which are unmodified when r asks for them. */
+static int32_t pick(struct tmx_serve *s, struct request *r, const float *logits, int edited,
                     struct tmx_token_event *ev) {
     const struct tmx_request_params *p = &r->p;
     const int n = s->n_vocab;
-    int *cnt = s->counts; /* all zero between calls */
-    float *x = s->work;
-    memcpy(x, logits, (size_t)n * sizeof *x);
-    for (int i = 0; i < p->n_bias; i++) x[p->bias_ids[i]] += p->bias_values[i];
-    if (p->presence_penalty != 0 || p->frequency_penalty != 0) { /* OpenAI: generated tokens */
-        for (int i = p->n_prompt; i < r->n_tokens; i++) cnt[r->tokens[i]]++;
-        for (int i = p->n_prompt; i < r->n_tokens; i++) {
-            const int32_t t = r->tokens[i];
-            if (cnt[t] == 0) continue; /* each distinct token once */
-            x[t] -= p->frequency_penalty * (float)cnt[t] + p->presence_penalty;
-            cnt[t] = 0;
+    const float *x = logits;
+    if (!edited && !plain(r)) {
+        const int n_edits = edits_of(s, r, s->edits);
+        memcpy(s->work, logits, (size_t)n * sizeof *s->work);
+        for (int i = 0; i < n_edits; i++) {
+            const struct tmx_logit_edit *e = &s->edits[i];
+            s->work[e->id] = tmx_logit_edit_apply(e, s->work[e->id]);
         }
-    }
-    if (p->repetition_penalty != 1) { /* CTRL / HF: every token seen, prompt included */
-        for (int i = 0; i < r->n_tokens; i++) {
-            const int32_t t = r->tokens[i];
-            if (cnt[t]) continue;
-            x[t] = x[t] > 0 ? x[t] / p->repetition_penalty : x[t] * p->repetition_penalty;
-            cnt[t] = 1;
-        }
-        for (int i = 0; i < r->n_tokens; i++) cnt[r->tokens[i]] = 0;
+        x = s->work;
     }
     const int32_t tok = tmx_sampler_sample(r->sampler, x);
     if (p->top_logprobs >= 0) {
@@ -187,15 +236,6 @@ static int is_stop(const struct tmx_serve *s, const struct request *r, int32_t t
     return 0;
 }
 
-/* Whether r's sampler reads nothing but its logits over the tokenizer's ids (no logit bias or
- * penalties), so that a step can pick its next token where the logits are: from their first
- * candidates (tmx_model_step_top), and when greedy without logprobs, their argmax. */
-static int plain(const struct request *r) {
-    const struct tmx_request_params *p = &r->p;
-    return p->n_bias == 0 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
-           p->repetition_penalty == 1;
-}
-
 /* r's next token from row j of a top step, and its log probabilities as pick() finds them in
  * the whole row (the softmax at temperature 1 and the top_logprobs most likely, the lower id
  * first among equal ones), which lie among the candidates. -1 when the draw or the list needs
@@ -224,12 +264,13 @@ static int32_t pick_top(struct tmx_serve *s, struct request *r, int j,
     return tok;
 }
 
-/* Samples r's next token from its logits (NULL: `tok` is it, and ev has its log probabilities
- * if r asked for them) and reports it. Returns 1 when r is finished. */
-static int emit(struct tmx_serve *s, struct request *r, const float *logits, int32_t tok,
-                struct tmx_token_event *evp) {
+/* Samples r's next token from its logits (edited: they carry r's edits; NULL: `tok` is it,
+ * and ev has its log probabilities if r asked for them) and reports it. Returns 1 when r is
+ * finished. */
+static int emit(struct tmx_serve *s, struct request *r, const float *logits, int edited,
+                int32_t tok, struct tmx_token_event *evp) {
     struct tmx_token_event ev = *evp;
-    if (logits) tok = pick(s, r, logits, &ev);
+    if (logits) tok = pick(s, r, logits, edited, &ev);
     r->tokens[r->n_tokens++] = tok;
     r->n_gen++;
     const double t = now();
@@ -423,23 +464,40 @@ static void step(struct tmx_serve *s) {
         return;
     }
     /* what the step hands back: each row's argmax when every request that gets a token is
-     * plain greedy, its first candidates when every one is plain, else its logits */
+     * plain greedy, its first candidates when every one is plain or (the set edits logits)
+     * takes no log probabilities, else its logits */
     int greedy = 1, top = tmx_model_can_top(s->m);
+    const int can_edit = tmx_model_can_edit(s->m);
+    size_t bound = 0;
     for (int j = 0; j < nb; j++) {
         const struct request *r = s->b_req[j];
         const int emits = r->n_fed + s->b_n[j] >= r->n_tokens;
         const float t = r->p.sampling.temperature;
         greedy &= !emits || (plain(r) && t == 0 && r->p.top_logprobs < 0);
-        top &= !emits || plain(r);
+        top &= !emits || plain(r) || (can_edit && r->p.top_logprobs < 0);
         s->temps[j] = t > 0 ? t : 1.0f; /* greedy: the first candidate */
+        bound += emits ? edits_bound(r) : 0;
     }
     top &= !greedy;
+    if (!edits_room(s, bound)) {
+        for (int j = 0; j < nb; j++) fail(s, s->b_req[j], "out of memory for logit edits");
+        return;
+    }
+    int n_edits = 0; /* a top step's: those of the rows that get a token */
+    for (int j = 0; top && j < nb; j++) {
+        const struct request *r = s->b_req[j];
+        s->edit_starts[j] = n_edits;
+        if (r->n_fed + s->b_n[j] >= r->n_tokens && !plain(r))
+            n_edits += edits_of(s, r, s->edits + n_edits);
+    }
+    s->edit_starts[nb] = n_edits;
     char *err = NULL;
     enum tmx_status st =
         greedy ? tmx_model_step_greedy(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->n_vocab, s->next,
                                        &err)
         : top  ? tmx_model_step_top(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->n_vocab, s->temps,
-                                    s->top_x, s->top_id, s->top_stat, &err)
+                                    n_edits ? s->edit_starts : NULL, s->edits, s->top_x,
+                                    s->top_id, s->top_stat, &err)
                : tmx_model_step(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->logits, &err);
     for (int j = 0; j < nb; j++) {
         struct request *r = s->b_req[j];
@@ -462,7 +520,7 @@ static void step(struct tmx_serve *s) {
                 continue;
             }
         }
-        if (emit(s, r, logits, tok, &ev)) {
+        if (emit(s, r, logits, top && !plain(r), tok, &ev)) {
             tmx_seq_free(r->seq); /* finished */
             r->seq = NULL;
         }
@@ -570,13 +628,15 @@ enum tmx_status tmx_serve_new(struct tmx_engine *e, struct tmx_serve **out, char
     s->top_id = malloc(R * TMX_TOPK_MAX * sizeof *s->top_id);
     s->top_stat = malloc(R * 3 * sizeof *s->top_stat);
     s->work = malloc((size_t)s->vocab_size * sizeof *s->work);
-    s->counts = calloc((size_t)s->vocab_size, sizeof *s->counts);
+    s->edit_starts = malloc((R + 1) * sizeof *s->edit_starts);
+    s->edit_at = calloc((size_t)s->vocab_size, sizeof *s->edit_at);
     s->b_seq = malloc(R * sizeof *s->b_seq);
     s->b_tok = malloc(R * sizeof *s->b_tok);
     s->b_n = malloc(R * sizeof *s->b_n);
     s->b_req = malloc(R * sizeof *s->b_req);
     if (!s->running || !s->gone || !s->logits || !s->next || !s->temps || !s->top_x ||
-        !s->top_id || !s->top_stat || !s->work || !s->counts || !s->b_seq || !s->b_tok ||
+        !s->top_id || !s->top_stat || !s->work || !s->edit_starts || !s->edit_at || !s->b_seq ||
+        !s->b_tok ||
         !s->b_n || !s->b_req) {
         tmx_serve_free(s);
         return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
@@ -624,7 +684,9 @@ void tmx_serve_free(struct tmx_serve *s) {
     free(s->top_id);
     free(s->top_stat);
     free(s->work);
-    free(s->counts);
+    free(s->edit_starts);
+    free(s->edits);
+    free(s->edit_at);
     free(s->b_seq);
     free(s->b_tok);
     free(s->b_n);

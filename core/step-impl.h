@@ -20,9 +20,13 @@ enum { CMD_STEP = 1, CMD_QUIT = 2, CMD_ROW = 3 };
 /* What a step hands back of each row: its logits, its argmax, or its first candidates for a
  * sampler (tmx/kernels.h, topk), the last two over ids [0, n_vocab). */
 enum { PICK_LOGITS = 0, PICK_GREEDY = 1, PICK_TOP = 2, N_PICKS = 3 };
+/* Decode graphs: one kind for each pick the set makes, and one for top steps whose logits are
+ * edited first (tmx/kernels.h, logit_edit). */
+enum { GRAPH_TOP_EDITED = N_PICKS, N_GRAPHS };
 struct step_head {
     int32_t cmd, n, n_seqs, n_rows; /* tokens, sequences, rows whose logits are read */
     int32_t pick, n_vocab;
+    int32_t n_edits; /* a top step's logit edits, in kv->edit_msg (0: none) */
 };
 
 /* A step's host arrays, views of kv->msg packed in this order so that one broadcast carries
@@ -68,9 +72,16 @@ struct kv_state {
     int32_t *status;             /* host TP: [ranks] each rank's status after a step */
     float *host_logits;          /* host [max_seqs][vocab_size]: greedy steps on a set without
                                     argmax, made by the first one */
-    void **graphs;               /* [N_PICKS][max_seqs + 1] decode step of n sequences, recorded
-                                    once for each pick the set makes */
-    int graph_vocab[N_PICKS];    /* the n_vocab each kind of graph was recorded with */
+    int32_t *edit_msg;           /* host: a top step's logit edits, as edit_dev */
+    void *edit_dev;              /* the edits the step uploads, starts [max_seqs + 1] (int32)
+                                    then edits [edit_cap] (struct tmx_logit_edit); NULL
+                                    before the first edited step */
+    int edit_cap;                /* edits edit_msg and edit_dev hold */
+    unsigned char *edit_seen;    /* host [vocab_size]: one row's edited ids, zero between
+                                    checks */
+    void **graphs;               /* [N_GRAPHS][max_seqs + 1] decode step of n sequences,
+                                    recorded once for each kind the set makes */
+    int graph_vocab[N_GRAPHS];   /* the n_vocab each kind of graph was recorded with */
 };
 
 /* Bytes of kv->top a row takes. */
@@ -91,12 +102,15 @@ struct top_list {
 };
 
 /* What a step hands back (all NULL on a follower): logits[n_rows][vocab_size]; with
- * PICK_GREEDY the rows' argmax next[n_rows]; with PICK_TOP their first candidates at temps[]:
- * top_x and top_id [n_rows][TMX_TOPK_MAX], top_stat [n_rows][3] (tmx_model_step_top). */
+ * PICK_GREEDY the rows' argmax next[n_rows]; with PICK_TOP their first candidates at temps[]
+ * after the edits (NULL: none): top_x and top_id [n_rows][TMX_TOPK_MAX], top_stat [n_rows][3]
+ * (tmx_model_step_top). */
 struct step_out {
     float *logits;
     int32_t *next;
     const float *temps;
+    const int32_t *edit_starts;
+    const struct tmx_logit_edit *edits;
     float *top_x;
     int32_t *top_id;
     double *top_stat;
@@ -109,7 +123,11 @@ struct step_out {
 enum tmx_status tmx_step_read(struct tmx_model *m, const struct step_head *h, int r, int done,
                               const struct step_out *out, char **err);
 
-/* Queues (or records) the set's topk over kv->logits of r rows into kv->top. */
+/* Where kv->edit_dev's (and kv->edit_msg's) edits start: after max_seqs + 1 starts. */
+#define EDITS_AT(kv, p) ((struct tmx_logit_edit *)((int32_t *)(p) + (kv)->opt.max_seqs + 1))
+
+/* Queues (or records) the set's topk over kv->logits of r rows into kv->top, after the
+ * step's logit edits. */
 void tmx_step_top_queue(struct tmx_model *m, const struct step_head *h, int r);
 
 /* One rank: kv->top of r rows -> out's arrays, in one read. */

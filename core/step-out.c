@@ -106,14 +106,18 @@ static enum tmx_status pick_rows(struct tmx_model *m, int r, int n_vocab, int32_
 }
 
 /* This rank's slice below h->n_vocab; a rank whose ids all lie past n_vocab has none, and rank
- * 0 skips it. */
+ * 0 skips it. The edits change kv->logits in place: a row read back later is the edited one. */
 void tmx_step_top_queue(struct tmx_model *m, const struct step_head *h, int r) {
+    const struct tmx_kernels_i *op = m->k->ops;
     struct kv_state *kv = m->kv;
     const int d = slice_width(&m->tp, h->n_vocab);
     const struct top_view v = top_view(kv->top, r);
-    if (d > 0)
-        m->k->ops->topk(m->k->ctx, v.x, v.ids, v.stats, kv->logits, kv->temps, r, d,
-                        m->tp.vocab_n, TMX_TOPK_MAX);
+    if (d == 0) return;
+    if (h->n_edits)
+        op->logit_edit(m->k->ctx, kv->logits, EDITS_AT(kv, kv->edit_dev), kv->edit_dev, r,
+                       m->tp.vocab_n, m->tp.vocab0, d);
+    op->topk(m->k->ctx, v.x, v.ids, v.stats, kv->logits, kv->temps, r, d, m->tp.vocab_n,
+             TMX_TOPK_MAX);
 }
 
 /* TP, rank 0: row i's first candidates at temperature t from every rank's (gathered, rank

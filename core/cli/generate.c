@@ -54,8 +54,8 @@ static enum tmx_status decode(struct tmx_model *m, struct tmx_seq *seq, int32_t 
     float xs[TMX_TOPK_MAX];
     int32_t ids[TMX_TOPK_MAX];
     double stats[3];
-    st = tmx_model_step_top(m, &seq, &tokens, &one, 1, n_vocab, &temperature, xs, ids, stats,
-                            err);
+    st = tmx_model_step_top(m, &seq, &tokens, &one, 1, n_vocab, &temperature, NULL, NULL, xs,
+                            ids, stats, err);
     if (st != TMX_OK) return st;
     const struct tmx_sampler_top t = {TMX_TOPK_MAX, xs, ids, stats[0], (int)stats[1]};
     *pending = tmx_sampler_sample_top(sampler, &t);

@@ -154,6 +154,8 @@ void cpu_gather(void *ctx, float *out, const float *x, const int32_t *rows, int 
 void cpu_argmax(void *ctx, int32_t *ids, float *best, const float *x, int rows, int d, int ld);
 void cpu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const float *x,
               const float *temps, int rows, int d, int ld, int k);
+void cpu_logit_edit(void *ctx, float *x, const struct tmx_logit_edit *edits,
+                    const int32_t *starts, int rows, int ld, int lo, int d);
 
 /* attention.c */
 void cpu_rope(void *ctx, float *x, const int32_t *pos, const float *inv_freq, int n, int heads,

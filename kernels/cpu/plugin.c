@@ -238,6 +238,7 @@ static const struct tmx_kernels_i cpu_ops = {
     .argmax = cpu_argmax,
     .matmul_multi = cpu_matmul_multi,
     .topk = cpu_topk,
+    .logit_edit = cpu_logit_edit,
 };
 
 static const struct tmx_option cpu_options[] = {

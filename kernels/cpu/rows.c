@@ -1,4 +1,5 @@
-/* rows.c: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather, argmax, topk.
+/* rows.c: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather, argmax, topk,
+ * logit_edit.
  *
  * Each is cheap per element, so work is cut into tasks of about GRAIN floats: a decode step's
  * single row runs inline on the caller instead of paying for a pool wake-up. Small weight
@@ -357,4 +358,23 @@ void cpu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const float *x,
         }
     struct topk_job j = {xs, ids, stats, x, temps, rows, d, ld, k, per_task(d)};
     cpu_pool_run(c->pool, n_tasks(rows, j.per), topk_task, &j);
+}
+
+/* --- logit_edit ----------------------------------------------------------------------------- */
+
+void cpu_logit_edit(void *ctx, float *x, const struct tmx_logit_edit *edits,
+                    const int32_t *starts, int rows, int ld, int lo, int d) {
+    struct cpu_ctx *c = ctx;
+    if (!check_rows(c, "logit_edit", rows, d)) return;
+    if (ld < d) {
+        cpu_fail(c, TMX_ERR_INVALID, "logit_edit: row stride %d, width %d", ld, d);
+        return;
+    }
+    for (int r = 0; r < rows; r++) {
+        float *xr = x + (size_t)r * ld;
+        for (int32_t i = starts[r]; i < starts[r + 1]; i++) {
+            const int32_t col = edits[i].id - lo;
+            if (col >= 0 && col < d) xr[col] = tmx_logit_edit_apply(&edits[i], xr[col]);
+        }
+    }
 }

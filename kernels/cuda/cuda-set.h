@@ -90,6 +90,8 @@ void cu_gather(void *ctx, float *out, const float *x, const int32_t *rows, int n
 void cu_argmax(void *ctx, int32_t *ids, float *best, const float *x, int rows, int d, int ld);
 void cu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const float *x,
              const float *temps, int rows, int d, int ld, int k);
+void cu_logit_edit(void *ctx, float *x, const struct tmx_logit_edit *edits,
+                   const int32_t *starts, int rows, int ld, int lo, int d);
 
 /* matmul.cu */
 void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_tensor *w, int n);

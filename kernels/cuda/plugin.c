@@ -372,6 +372,7 @@ static const struct tmx_kernels_i cu_ops = {
     .argmax = cu_argmax,
     .matmul_multi = cu_matmul_multi,
     .topk = cu_topk,
+    .logit_edit = cu_logit_edit,
 };
 
 static const struct tmx_option cu_options[] = {

@@ -1,8 +1,10 @@
-/* rows.cu: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather, argmax, topk.
+/* rows.cu: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather, argmax, topk,
+ * logit_edit.
  *
  * Each is memory bound and cheap per element: a thread per element (embed, swiglu, add_gated,
- * gather), a block per row (rmsnorm, which needs the row's sum of squares) or blocks per piece
- * of a row (argmax and topk, whose rows are a vocabulary long). */
+ * gather), a block per row (rmsnorm, which needs the row's sum of squares; logit_edit, whose
+ * number of edits only the device knows) or blocks per piece of a row (argmax and topk, whose
+ * rows are a vocabulary long). */
 #include "cuda-dev.cuh"
 
 static int check_rows(struct cu_ctx *c, const char *op, int64_t rows, int64_t d) {
@@ -511,4 +513,31 @@ extern "C" void cu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const
             if (!cu_check_launch(c, "topk")) return;
         }
     }
+}
+
+/* --- logit_edit ----------------------------------------------------------------------------- */
+
+/* A block per row, a thread per edit: a row has at most one edit of an id, so no two threads
+ * write one logit. The counts come from the device, so that a recorded graph replays any. */
+__global__ void logit_edit_kernel(float *x, const tmx_logit_edit *edits, const int32_t *starts,
+                                  int ld, int lo, int d) {
+    float *xr = x + (int64_t)blockIdx.x * ld;
+    for (int32_t i = starts[blockIdx.x] + threadIdx.x; i < starts[blockIdx.x + 1];
+         i += blockDim.x) {
+        const tmx_logit_edit e = edits[i];
+        const int32_t col = e.id - lo;
+        if (col >= 0 && col < d) xr[col] = tmx_logit_edit_apply(&e, xr[col]);
+    }
+}
+
+extern "C" void cu_logit_edit(void *ctx, float *x, const struct tmx_logit_edit *edits,
+                              const int32_t *starts, int rows, int ld, int lo, int d) {
+    struct cu_ctx *c = (struct cu_ctx *)ctx;
+    if (!cu_enter(c, "logit_edit") || !check_rows(c, "logit_edit", rows, d) || rows == 0) return;
+    if (ld < d) {
+        cu_fail(c, TMX_ERR_INVALID, "logit_edit: row stride %d, width %d", ld, d);
+        return;
+    }
+    logit_edit_kernel<<<rows, 256, 0, c->stream>>>(x, edits, starts, ld, lo, d);
+    cu_check_launch(c, "logit_edit");
 }

@@ -67,13 +67,18 @@ class Server:
                 self.done[e.id].set()
 
     def submit(self, prompt, max_tokens, temperature=0.0, seed=0, top_logprobs=-1,
-               stop_ids=(), ignore_eos=1, **penalties):
+               stop_ids=(), ignore_eos=1, logit_bias=None, **penalties):
         arr = (C.c_int32 * len(prompt))(*prompt)
         stops = (C.c_int32 * max(1, len(stop_ids)))(*stop_ids)
+        bias = logit_bias or {}
+        bias_ids = (C.c_int32 * max(1, len(bias)))(*bias.keys())
+        bias_values = (C.c_float * max(1, len(bias)))(*bias.values())
         p = RequestParams(prompt=arr, n_prompt=len(prompt), max_tokens=max_tokens,
                           sampling=SamplerParams(temperature, 0, 1.0, 0.0, seed),
                           repetition_penalty=penalties.get("repetition_penalty", 1.0),
                           presence_penalty=penalties.get("presence_penalty", 0.0),
+                          frequency_penalty=penalties.get("frequency_penalty", 0.0),
+                          bias_ids=bias_ids, bias_values=bias_values, n_bias=len(bias),
                           stop_ids=stops, n_stop_ids=len(stop_ids), ignore_eos=ignore_eos,
                           top_logprobs=top_logprobs)
         rid, err = C.c_uint64(), C.c_void_p()
@@ -142,33 +147,45 @@ def test_stop_token_and_seeded_sampling(tiny):
         srv.close()
 
 
-def test_steps_that_sample_where_the_logits_are_draw_what_the_host_draws(tiny):
+@pytest.mark.parametrize("lengths", [[30, 30, 30, 12, 30, 20, 16, 24],
+                                     [30, 30, 30, 30, 12, 30, 10, 30]])
+def test_steps_that_sample_where_the_logits_are_draw_what_the_host_draws(tiny, lengths):
     # kernels.cpu's steps hand back each row's argmax (all greedy without logprobs) or, at
     # tp = 2 (one rank of kernels.cpu samples its host-memory logits in place), its first
-    # candidates (no bias or penalties), and gather a row only for a draw that walks past them;
-    # cpu22 (ABI 2.2, no argmax or topk) gathers every row. The same seeds must give the same
-    # tokens and log probabilities, batched, with a request whose penalty needs the logits
-    # (until it ends) among the others.
+    # candidates after the requests' logit bias and penalties (logit_edit), and gather a row
+    # only for a draw that walks past them or a request that wants log probabilities with its
+    # penalties; cpu24 (ABI 2.4, topk but no logit_edit) gathers every row of a step with a
+    # request with bias or penalties, cpu22 (ABI 2.2, no argmax or topk) every row of every
+    # step. The same seeds must give the same tokens and log probabilities, batched; the two
+    # length lists end the requests that need the logits first or last.
     from test_greedy import SETS
-    prompts = [[506] + list(range(60 + 7 * i, 80 + 9 * i)) for i in range(6)]
+    from test_top import CPU24
+    sets = dict(SETS, cpu24=CPU24)
+    prompts = [[506] + list(range(60 + 7 * i, 80 + 9 * i)) for i in range(8)]
     reqs = [dict(temperature=0.0), dict(temperature=1.0, seed=1), dict(temperature=0.7, seed=2),
             dict(temperature=1.2, seed=3, repetition_penalty=1.3),
-            dict(temperature=0.9, seed=4, top_logprobs=5), dict(temperature=0.0, top_logprobs=0)]
-    lengths = [30, 30, 30, 12, 30, 20]
+            dict(temperature=0.9, seed=4, top_logprobs=5), dict(temperature=0.0, top_logprobs=0),
+            dict(temperature=0.8, seed=6, frequency_penalty=0.7, presence_penalty=0.4,
+                 logit_bias={70: 3.0, 71: -100.0, 300: 2.5}),
+            dict(temperature=0.0, presence_penalty=1.5, top_logprobs=2, logit_bias={90: 1.0})]
     got = {}
-    for kernels in ("cpu", "cpu22"):
-        with Engine(tiny, SETS[kernels] + ["max_running=6", "batch=16", "tp=2"]) as eng:
+    for kernels in ("cpu", "cpu24", "cpu22"):
+        with Engine(tiny, sets[kernels] + ["max_running=8", "batch=16", "tp=2"]) as eng:
             srv = Server(eng)
             ids = [srv.submit(p, n, **r) for p, n, r in zip(prompts, lengths, reqs)]
             got[kernels] = [[e for e in srv.wait(r) if e["token"] >= 0] for r in ids]
             srv.close()
-    for a, b, r in zip(got["cpu"], got["cpu22"], reqs):
-        assert [e["token"] for e in a] == [e["token"] for e in b]
-        if "top_logprobs" in r:
-            assert [e["logprob"] for e in a] == pytest.approx([e["logprob"] for e in b], abs=1e-6)
-            assert [[i for i, _ in e["top"]] for e in a] == [[i for i, _ in e["top"]] for e in b]
-            assert all(len(e["top"]) == r["top_logprobs"] for e in a)
+    for kernels in ("cpu", "cpu24"):
+        for a, b, r in zip(got[kernels], got["cpu22"], reqs):
+            assert [e["token"] for e in a] == [e["token"] for e in b]
+            if "top_logprobs" in r:
+                assert [e["logprob"] for e in a] == pytest.approx([e["logprob"] for e in b],
+                                                                  abs=1e-6)
+                assert ([[i for i, _ in e["top"]] for e in a] ==
+                        [[i for i, _ in e["top"]] for e in b])
+                assert all(len(e["top"]) == r["top_logprobs"] for e in a)
     assert [len(t) for t in got["cpu"]] == lengths
+    assert 71 not in [e["token"] for e in got["cpu"][6]]  # its bias of -100
 
 
 def test_logprobs_are_log_probabilities(tiny):

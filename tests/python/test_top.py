@@ -7,7 +7,8 @@ or between ranks: here tp = 2, since kernels.cpu's logits are host memory and on
 samples them in place), and must print what it prints from logits read back: kernels.cpu sums
 the denominator in id order as the host sampler does, so the draws are the same token for
 token. `cpu22` (tests/plugins/kernels-cpu22.c) is kernels.cpu without the ops of ABI 2.3 and
-later: no topk."""
+later: no topk. Logit edits (ABI 2.5, a request's logit bias and penalties) go on the logits
+before topk, and the edited row is the one left to read."""
 import os
 import subprocess
 
@@ -19,6 +20,8 @@ from test_model import PROMPTS, encode, make_model
 from tmx_engine import BIN_DIR, Engine, TmxError
 
 TOPK = Engine.TOPK
+# kernels.cpu as built against ABI 2.4 (tests/plugins/kernels-cpu24.c): topk, no logit_edit
+CPU24 = ["kernels=cpu24", f"plugin_dir={TEST_PLUGINS}", "threads=2"]
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +105,73 @@ def test_top_step_refusals(tiny):
         s = eng.seq(n_ctx=256)
         with pytest.raises(TmxError, match="kernel set cpu22 has no topk"):
             eng.step_top([s], [ids], [1.0])
+        s.close()
+
+
+def edited(logits, edits):
+    """A row of logits after edits (id, bias, penalty, rep), each step rounded to float32 as
+    tmx_logit_edit_apply says."""
+    x = logits.copy()
+    for i, b, p, r in edits:
+        v = (x[i] + np.float32(b)) - np.float32(p)
+        x[i] = v / np.float32(r) if v > 0 else v * np.float32(r)
+    return x
+
+
+def some_edits(rng, n_vocab, low):
+    """Edits of distinct ids, every kind, and a bias that lifts id `low` (a logit far down the
+    row) to the first candidate."""
+    ids = rng.choice(np.setdiff1d(np.arange(n_vocab), [low]), size=40, replace=False)
+    e = [(int(i), float(rng.uniform(-5, 5)) if rng.random() < 0.7 else 0.0,
+          float(rng.uniform(0, 3)) if rng.random() < 0.5 else 0.0,
+          float(rng.choice([1.0, 1.3, 0.75]))) for i in ids]
+    return e + [(int(low), 100.0, 0.0, 1.0)]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_top_step_after_edits(tiny, tp):
+    """A top step with logit edits (tmx serve's logit bias and penalties) gives the first
+    candidates of the edited logits, and leaves the edited row to read; with tp = 2 each rank
+    edits its vocabulary slice."""
+    rng = np.random.default_rng(tp)
+    ids = [encode(tiny, t) for t in PROMPTS]
+    temps = [0.7, 1.0, 1.6][: len(ids)]
+    with Engine(tiny, ["threads=2", f"tp={tp}"]) as eng:
+        assert eng.can_edit() == (tp > 1)  # as can_top: one rank of kernels.cpu samples in place
+        plain = [eng.seq(n_ctx=256) for _ in ids]
+        top = [eng.seq(n_ctx=256) for _ in ids]
+        logits = eng.step(plain, ids)
+        for step in range(4):  # decode steps: feed both the first candidate
+            edits = [some_edits(rng, eng.n_vocab, int(np.argmin(r))) for r in logits]
+            if step == 1:
+                edits[0] = []  # a row without edits beside edited ones
+            got = eng.step_top(top, ids if step == 0 else nxt, temps, edits=edits)
+            want = np.stack([edited(r, e) for r, e in zip(logits, edits)])
+            check(got, want, temps)
+            for i, e in enumerate(edits):
+                assert np.array_equal(eng.read_logits(i), want[i])
+                assert not e or got[1][i, 0] == e[-1][0]  # the lifted id
+            nxt = [[int(r[0])] for r in got[1]]
+            logits = eng.step(plain, nxt)
+        for s in plain + top:
+            s.close()
+
+
+def test_top_step_edit_refusals(tiny):
+    ids = encode(tiny, PROMPTS[0])
+    with Engine(tiny, ["threads=2"]) as eng:
+        for edits, msg in (([(5, 1.0, 0.0, 1.0), (5, 2.0, 0.0, 1.0)], "id 5 edited twice"),
+                           ([(eng.n_vocab, 1.0, 0.0, 1.0)], "outside the vocabulary"),
+                           ([(-1, 1.0, 0.0, 1.0)], "outside the vocabulary")):
+            s = eng.seq(n_ctx=256)
+            with pytest.raises(TmxError, match=msg):
+                eng.step_top([s], [ids], [1.0], edits=[edits])
+            s.close()
+    with Engine(tiny, CPU24) as eng:
+        assert not eng.can_edit()
+        s = eng.seq(n_ctx=256)
+        with pytest.raises(TmxError, match="kernel set cpu24 cannot edit logits"):
+            eng.step_top([s], [ids], [1.0], edits=[[(5, 1.0, 0.0, 1.0)]])
         s.close()
 
 

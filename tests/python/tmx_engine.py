@@ -34,8 +34,10 @@ def lib():
                                                C.POINTER(I), I, I, C.POINTER(C.c_int32),
                                                C.POINTER(P)]
         _lib.tmx_model_can_top.argtypes = [P]
+        _lib.tmx_model_can_edit.argtypes = [P]
         _lib.tmx_model_step_top.argtypes = [P, C.POINTER(P), C.POINTER(C.POINTER(C.c_int32)),
                                             C.POINTER(I), I, I, C.POINTER(C.c_float),
+                                            C.POINTER(C.c_int32), P,
                                             C.POINTER(C.c_float), C.POINTER(C.c_int32),
                                             C.POINTER(C.c_double), C.POINTER(P)]
         _lib.tmx_model_read_logits.argtypes = [P, I, C.POINTER(C.c_float), C.POINTER(P)]
@@ -134,17 +136,28 @@ class Engine:
 
 
     TOPK = 256  # TMX_TOPK_MAX
+    EDIT = np.dtype([("id", "<i4"), ("bias", "<f4"), ("penalty", "<f4"), ("rep", "<f4")])
 
     def can_top(self):
         return bool(lib().tmx_model_can_top(lib().tmx_engine_model(self.handle)))
 
-    def step_top(self, seqs, token_lists, temps, n_vocab=None):
+    def can_edit(self):
+        return bool(lib().tmx_model_can_edit(lib().tmx_engine_model(self.handle)))
+
+    def step_top(self, seqs, token_lists, temps, n_vocab=None, edits=None):
         """step(), returning each sequence's first TOPK candidates at temps[i] as the step
         finds them: their logits x [n][TOPK] float32, ids [n][TOPK] int32, stats [n][3]
-        (softmax denominator at temps[i], number of candidates, denominator at 1)."""
+        (softmax denominator at temps[i], number of candidates, denominator at 1); edits[i]
+        (None: no edits) is sequence i's list of (id, bias, penalty, rep), struct
+        tmx_logit_edit, applied to its logits first."""
         _, handles, ptrs, counts = self._batch(seqs, token_lists)
         n = len(seqs)
         t = np.asarray(temps, dtype=np.float32)
+        starts, table = None, None
+        if edits is not None:
+            starts = np.cumsum([0] + [len(e) for e in edits]).astype(np.int32)
+            table = np.array([tuple(e) for row in edits for e in row] or [(0, 0, 0, 1)],
+                             dtype=self.EDIT)
         x = np.zeros((n, self.TOPK), dtype=np.float32)
         ids = np.zeros((n, self.TOPK), dtype=np.int32)
         stats = np.zeros((n, 3), dtype=np.float64)
@@ -152,6 +165,9 @@ class Engine:
         _check(lib().tmx_model_step_top(lib().tmx_engine_model(self.handle), handles, ptrs,
                                         counts, n, n_vocab or self.n_vocab,
                                         t.ctypes.data_as(C.POINTER(C.c_float)),
+                                        None if starts is None else
+                                        starts.ctypes.data_as(C.POINTER(C.c_int32)),
+                                        None if table is None else table.ctypes.data,
                                         x.ctypes.data_as(C.POINTER(C.c_float)),
                                         ids.ctypes.data_as(C.POINTER(C.c_int32)),
                                         stats.ctypes.data_as(C.POINTER(C.c_double)),

@@ -148,7 +148,7 @@ static void test_descriptor(void **state) {
         ops->rmsnorm,   ops->matmul,    ops->rope,      ops->kv_store,    ops->attention,
         ops->moe_route, ops->moe_experts, ops->swiglu,  ops->add_gated,   ops->gather,
         ops->moe_experts_partial, ops->moe_combine, ops->argmax, ops->matmul_multi,
-        ops->topk,
+        ops->topk,      ops->logit_edit,
     };
     for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) assert_non_null(members[i]);
 }

@@ -33,6 +33,30 @@ struct tmx_opts;
 
 enum tmx_router_score { TMX_ROUTER_SIGMOID = 0, TMX_ROUTER_SOFTMAX = 1 };
 
+/* A change to logit `id` of a row: what a request's logit bias and penalties make of it
+ * (tmx serve), one edit an id, applied by tmx_logit_edit_apply. */
+struct tmx_logit_edit {
+    int32_t id;
+    float bias;    /* added first (a request's logit_bias; biases of one id summed) */
+    float penalty; /* then subtracted (frequency * count + presence) */
+    float rep;     /* then x > 0 ? x / rep : x * rep (the repetition penalty; 1: none) */
+};
+
+/* A device set's kernels call the header's inline helpers too (CUDA C++). */
+#ifdef __CUDACC__
+#define TMX_HOST_DEVICE __host__ __device__
+#else
+#define TMX_HOST_DEVICE
+#endif
+
+/* x edited by e, each step rounded to F32 (no step fuses with another): how every kernel set
+ * and the host apply an edit, so that a row edited on a device is the row the host would have
+ * edited, bit for bit. */
+static inline TMX_HOST_DEVICE float tmx_logit_edit_apply(const struct tmx_logit_edit *e, float x) {
+    const float v = (x + e->bias) - e->penalty;
+    return v > 0 ? v / e->rep : v * e->rep;
+}
+
 /* Routed experts of one MoE layer, as seen by moe_experts. All arrays have n_experts entries
  * (a TP rank passes its own experts; ids outside [expert0, expert0 + n_experts) are skipped). */
 struct tmx_moe_weights {
@@ -201,6 +225,16 @@ struct tmx_kernels_i {
      * (the softmax denominator at temperature 1, for log probabilities); 0 for a row of none. */
     void (*topk)(void *ctx, float *xs, int32_t *ids, double *stats, const float *x,
                  const float *temps, int rows, int d, int ld, int k);
+
+    /* --- added in ABI 2.5 (optional) -------------------------------------------------- */
+
+    /* (NULL: steps of requests with logit bias or penalties read their logits back) Edits
+     * rows of x in place before topk: row r < rows (ld floats) takes the edits
+     * edits[starts[r] .. starts[r + 1]) (both buffers; starts ascending from 0), those whose
+     * id lies in [lo, lo + d) at column id - lo (a TP rank's vocabulary slice), each by
+     * tmx_logit_edit_apply. A row has at most one edit of an id, so their order is free. */
+    void (*logit_edit)(void *ctx, float *x, const struct tmx_logit_edit *edits,
+                       const int32_t *starts, int rows, int ld, int lo, int d);
 };
 
 /* The most candidates topk gives a row. */

@@ -184,10 +184,17 @@ enum tmx_status tmx_model_step_greedy(struct tmx_model *m, struct tmx_seq *const
  * reads them: its topk would cost as much as the sampler's own pass over the row, and more. */
 int tmx_model_can_top(const struct tmx_model *m);
 
+/* Whether top steps can carry logit edits here: tmx_model_can_top, and the kernel set has
+ * logit_edit (ABI 2.5). */
+int tmx_model_can_edit(const struct tmx_model *m);
+
 /* tmx_model_step for sampled decoding: instead of sequence i's logits, the first TMX_TOPK_MAX
  * candidates of its logits over ids [0, n_vocab) for a sampler at temperature temps[i] (> 0;
  * a greedy sequence may pass 1 and take the first candidate), found where the logits are by
- * the kernel set's topk (tmx/kernels.h): xs[i][TMX_TOPK_MAX] their logits in candidate order
+ * the kernel set's topk (tmx/kernels.h), after the edits edits[edit_starts[i] ..
+ * edit_starts[i + 1]) of sequence i's logits (edit_starts NULL: none; at most one edit of an
+ * id a sequence, ids below n_vocab; tmx_model_can_edit): xs[i][TMX_TOPK_MAX] their logits in
+ * candidate order
  * (by logit / temperature) and ids[i][TMX_TOPK_MAX] (-1 past the last); over every candidate,
  * stats[i][0] = the softmax denominator at the temperature (the sum of exp(y - y_first), y =
  * logit / temperature), stats[i][1] = their number, stats[i][2] = the denominator at
@@ -197,11 +204,12 @@ int tmx_model_can_top(const struct tmx_model *m);
  * [1, vocab_size], a temperature not > 0. */
 enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *seqs,
                                    const int32_t *const *tokens, const int *n, int n_seqs,
-                                   int n_vocab, const float *temps, float *xs, int32_t *ids,
+                                   int n_vocab, const float *temps, const int32_t *edit_starts,
+                                   const struct tmx_logit_edit *edits, float *xs, int32_t *ids,
                                    double *stats, char **err);
 
 /* Row i's logits [vocab_size] of the last step, which left them where they were made (a top
- * step; with several ranks, each sends its slice). Rank 0 only. */
+ * step, whose edits they carry; with several ranks, each sends its slice). Rank 0 only. */
 enum tmx_status tmx_model_read_logits(struct tmx_model *m, int i, float *logits, char **err);
 
 /* Appends tokens[0..n) to one sequence in steps of at most n_batch, reserving as it goes, and
