@@ -3,7 +3,8 @@
  * read back and their argmax on the host (what a set without argmax gets, and every step
  * before ABI 2.3). Sampled: the set's topk, n rows of first candidates read back and drawn from
  * (tmx_sampler_sample_top, a row read back for a draw past them), against n rows of logits read
- * back and drawn from (tmx_sampler_sample; a set without topk, and every step before ABI 2.4).
+ * back and drawn from (tmx_sampler_sample; a set without topk, and every step before ABI 2.4);
+ * one setting with 1,000 edits a row (logit_edit, ABI 2.5) against the same edits on the host.
  * Vocabularies: muse-mini's (8,192), the reconstructed 816B model's (202,048) and its slice
  * on a rank of TP 4 (50,512). Built by kernels/cuda/CMakeLists.txt as bin/tmx-bench-pick;
  * needs a device, so it is no ctest case; tests/gpu/run.sh runs it.
@@ -117,30 +118,58 @@ static int logits(const struct tmx_kernels *k, void *x, float *xh, int V, int he
     return k->ops->buf_write(k->ctx, x, xh, (size_t)NMAX * V * sizeof *xh) == TMX_OK;
 }
 
+/* Edits of `per` distinct ids a row (ids 197 apart, a step prime to every vocabulary here)
+ * into e and starts, uploaded to the set's buffers: what a repetition penalty over `per`
+ * tokens costs. Their values leave a logit as it is (x + 0 - 0, times 1), so that the logits
+ * stay the same over the repeats; the op's work does not depend on them. */
+static int edits(const struct tmx_kernels *k, struct tmx_logit_edit *e, int32_t *starts,
+                 void *e_dev, void *starts_dev, int n, int per, int V) {
+    for (int j = 0; j <= n; j++) starts[j] = j * per;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < per; i++)
+            e[j * per + i] = (struct tmx_logit_edit){(int32_t)(((int64_t)i * 197 + j) % V),
+                                                      0.0f, 0.0f, 1.0f};
+    return k->ops->buf_write(k->ctx, starts_dev, starts, (size_t)(n + 1) * sizeof *starts) ==
+               TMX_OK &&
+           k->ops->buf_write(k->ctx, e_dev, e, (size_t)n * per * sizeof *e) == TMX_OK;
+}
+
 /* The sampled table: both ways draw with samplers of the same seed and must draw the same
  * tokens (the device's softmax denominator is summed in another order than the host's, so a
- * draw could differ if its number fell within rounding of a boundary: not in these runs). */
+ * draw could differ if its number fell within rounding of a boundary: not in these runs).
+ * Settings with edits (a request's logit bias and penalties; sets with logit_edit) apply them
+ * first: on the device before topk, on the host to the rows read back. */
 static int sampled(const struct tmx_kernels *k, void *x, float *xh, FILE *json) {
+    enum { EMAX = 1000 };
     static const struct {
         struct tmx_sampler_params p;
-        int head; /* logits with a head, or flat */
-    } settings[] = {{{1.0f, 0, 1.0f, 0.0f, 1}, 1},
-                    {{0.8f, 0, 0.95f, 0.0f, 2}, 1},
-                    {{1.0f, 0, 1.0f, 0.0f, 3}, 0}};
+        int head;  /* logits with a head, or flat */
+        int edits; /* a row's */
+    } settings[] = {{{1.0f, 0, 1.0f, 0.0f, 1}, 1, 0},
+                    {{0.8f, 0, 0.95f, 0.0f, 2}, 1, 0},
+                    {{1.0f, 0, 1.0f, 0.0f, 3}, 0, 0},
+                    {{0.8f, 0, 0.95f, 0.0f, 4}, 1, EMAX}};
     enum { K = TMX_TOPK_MAX, ROW = K * 8 + 24 }; /* a row's x, ids and stats, packed as the
                                                     core packs them for one read */
     float *top = NULL, *temps = NULL, *row = malloc((size_t)VMAX * sizeof *row), th[NMAX];
     unsigned char *host = malloc((size_t)NMAX * ROW);
+    struct tmx_logit_edit *e = malloc((size_t)NMAX * EMAX * sizeof *e), *e_dev = NULL;
+    int32_t starts[NMAX + 1], *starts_dev = NULL;
     struct tmx_sampler *a[NMAX] = {0}, *b[NMAX] = {0};
-    int failed = !host || !row ||
+    const int can_edit = TMX_OPS_HAS(k->ops, logit_edit);
+    int failed = !host || !row || !e ||
                  k->ops->buf_alloc(k->ctx, (size_t)NMAX * ROW, (void **)&top) != TMX_OK ||
-                 k->ops->buf_alloc(k->ctx, NMAX * sizeof *temps, (void **)&temps) != TMX_OK;
+                 k->ops->buf_alloc(k->ctx, NMAX * sizeof *temps, (void **)&temps) != TMX_OK ||
+                 k->ops->buf_alloc(k->ctx, (size_t)NMAX * EMAX * sizeof *e, (void **)&e_dev) !=
+                     TMX_OK ||
+                 k->ops->buf_alloc(k->ctx, sizeof starts, (void **)&starts_dev) != TMX_OK;
     uint64_t rng = 2;
-    printf("\n%7s %3s %5s %5s %5s  %10s %10s  %7s  %s\n", "vocab", "n", "head", "temp",
-           "top_p", "topk us", "read us", "saved", "rows read back");
+    printf("\n%7s %3s %5s %5s %5s %5s  %10s %10s  %7s  %s\n", "vocab", "n", "head", "temp",
+           "top_p", "edits", "topk us", "read us", "saved", "rows read back");
     for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0] && !failed; v++)
         for (size_t c = 0; c < sizeof settings / sizeof settings[0] && !failed; c++) {
-            const int V = vocabs[v];
+            const int V = vocabs[v], E = settings[c].edits;
+            if (E && !can_edit) continue;
             failed |= !logits(k, x, xh, V, settings[c].head, &rng);
             for (size_t r = 0; r < sizeof rows / sizeof rows[0] && !failed; r++) {
                 const struct tmx_sampler_params *p = &settings[c].p;
@@ -150,7 +179,8 @@ static int sampled(const struct tmx_kernels *k, void *x, float *xh, FILE *json) 
                     failed |= tmx_sampler_new(p, V, &a[j], NULL) != TMX_OK ||
                               tmx_sampler_new(p, V, &b[j], NULL) != TMX_OK;
                 }
-                failed |= k->ops->buf_write(k->ctx, temps, th, n * sizeof *th) != TMX_OK;
+                failed |= k->ops->buf_write(k->ctx, temps, th, n * sizeof *th) != TMX_OK ||
+                          (E && !edits(k, e, starts, e_dev, starts_dev, n, E, V));
                 int32_t got[REPEAT_SAMPLED][NMAX], want[REPEAT_SAMPLED][NMAX];
                 int32_t *ids = (int32_t *)(top + (size_t)n * K);
                 const float *xs = (const float *)host;
@@ -159,6 +189,7 @@ static int sampled(const struct tmx_kernels *k, void *x, float *xh, FILE *json) 
                 int fallbacks = 0;
                 double t0 = now_s();
                 for (int i = 0; i < REPEAT_SAMPLED && !failed; i++) {
+                    if (E) k->ops->logit_edit(k->ctx, x, e_dev, starts_dev, n, V, 0, V);
                     k->ops->topk(k->ctx, top, ids, (double *)(ids + (size_t)n * K), x, temps, n,
                                  V, V, K);
                     failed |= k->ops->buf_read(k->ctx, host, top, (size_t)n * ROW) != TMX_OK;
@@ -178,24 +209,28 @@ static int sampled(const struct tmx_kernels *k, void *x, float *xh, FILE *json) 
                 t0 = now_s();
                 for (int i = 0; i < REPEAT_SAMPLED && !failed; i++) {
                     failed |= k->ops->buf_read(k->ctx, xh, x, (size_t)n * V * sizeof *xh) != TMX_OK;
-                    for (int j = 0; j < n; j++)
-                        want[i][j] = tmx_sampler_sample(b[j], xh + (size_t)j * V);
+                    for (int j = 0; j < n; j++) {
+                        float *xr = xh + (size_t)j * V;
+                        for (int q = starts[j]; E && q < starts[j + 1]; q++)
+                            xr[e[q].id] = tmx_logit_edit_apply(&e[q], xr[e[q].id]);
+                        want[i][j] = tmx_sampler_sample(b[j], xr);
+                    }
                 }
                 const double t_host = (now_s() - t0) / REPEAT_SAMPLED;
                 int same = !failed;
                 for (int i = 0; i < REPEAT_SAMPLED && same; i++)
                     for (int j = 0; j < n && same; j++) same = got[i][j] == want[i][j];
                 failed |= !same;
-                printf("%7d %3d %5s %5.2f %5.2f  %10.2f %10.2f  %6.2fx  %d of %d%s\n", V, n,
-                       settings[c].head ? "yes" : "flat", p->temperature, p->top_p, t_dev * 1e6,
+                printf("%7d %3d %5s %5.2f %5.2f %5d  %10.2f %10.2f  %6.2fx  %d of %d%s\n", V, n,
+                       settings[c].head ? "yes" : "flat", p->temperature, p->top_p, E, t_dev * 1e6,
                        t_host * 1e6, t_host / t_dev, fallbacks, n * REPEAT_SAMPLED,
                        same ? "" : "  FAIL: the draws differ");
                 if (json)
                     fprintf(json, "%s\n {\"vocab\": %d, \"n\": %d, \"head\": %s, "
-                            "\"temperature\": %.2f, \"top_p\": %.2f, \"topk_us\": %.3f, "
-                            "\"read_host_us\": %.3f, \"rows_read_back\": %d, \"draws\": %d, "
-                            "\"same\": %s}", v || c || r ? "," : "", V, n,
-                            settings[c].head ? "true" : "false", p->temperature, p->top_p,
+                            "\"temperature\": %.2f, \"top_p\": %.2f, \"edits\": %d, "
+                            "\"topk_us\": %.3f, \"read_host_us\": %.3f, \"rows_read_back\": %d, "
+                            "\"draws\": %d, \"same\": %s}", v || c || r ? "," : "", V, n,
+                            settings[c].head ? "true" : "false", p->temperature, p->top_p, E,
                             t_dev * 1e6, t_host * 1e6, fallbacks, n * REPEAT_SAMPLED,
                             same ? "true" : "false");
                 for (int j = 0; j < n; j++) {
@@ -207,6 +242,9 @@ static int sampled(const struct tmx_kernels *k, void *x, float *xh, FILE *json) 
     }
     if (top) k->ops->buf_free(k->ctx, top);
     if (temps) k->ops->buf_free(k->ctx, temps);
+    if (e_dev) k->ops->buf_free(k->ctx, e_dev);
+    if (starts_dev) k->ops->buf_free(k->ctx, starts_dev);
+    free(e);
     free(host);
     free(row);
     return failed;

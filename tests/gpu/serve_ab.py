@@ -4,13 +4,14 @@ Starts `tmx serve` twice on the same model and kernel set name: once as built (B
 TMX_PLUGIN_PATH=ALT, a folder holding another build of that set (an older commit's, say one
 without an optional op). Each gets the same seeded completions, first one at a time, then all
 at once (the server batches them), and the two must give the same texts; log probabilities
-within 1e-4 (the sets may sum a softmax in another order). It also times the concurrent batch:
-completion tokens over wall seconds. The requests mix logit bias, presence, frequency and
+within 1e-4 (the sets may sum a softmax in another order). It also times the concurrent batch
+(completion tokens over wall seconds, the median of --rounds batches, the two servers taking
+turns so that the machine's drift falls on both). The requests mix logit bias, presence, frequency and
 repetition penalties, log probabilities and plain sampling, so that the steps take every way
 the server has. Standard library only, so that it runs on the bare GPU machine:
 
     python3 tests/gpu/serve_ab.py BIN ALT [--model DIR] [--kernels cuda] [--set KEY=VALUE]...
-                                  [--json OUT]
+                                  [--rounds N] [--json OUT]
 
 Prints one line a phase and exits 1 when a text differs.
 """
@@ -53,28 +54,27 @@ def complete(base, i):
     return json.load(urllib.request.urlopen(q, timeout=120))
 
 
-def run(args, env_extra, port):
-    """The one-at-a-time and the concurrent answers, and the concurrent batch's tokens/s."""
+def started(args, env_extra, port):
+    """A server, once it answers /health, and its address."""
     p = serve(args, env_extra, port)
     base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(1200):
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.1)
-        one = [complete(base, i) for i in range(len(REQUESTS))]
-        with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
-            complete(base, 0)  # warm: graphs of a batch of one recorded
-            t0 = time.perf_counter()
-            many = list(pool.map(lambda i: complete(base, i), range(len(REQUESTS))))
-            secs = time.perf_counter() - t0
-        tokens = sum(r["usage"]["completion_tokens"] for r in many)
-        return one, many, tokens / secs
-    finally:
-        p.terminate()
-        p.wait()
+    for _ in range(1200):
+        try:
+            urllib.request.urlopen(base + "/health", timeout=1).read()
+            return p, base
+        except OSError:
+            time.sleep(0.1)
+    p.terminate()
+    sys.exit(f"serve_ab: tmx serve on port {port} did not start")
+
+
+def batch(base):
+    """Every request at once (the server batches them): the answers and tokens/s."""
+    with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
+        t0 = time.perf_counter()
+        many = list(pool.map(lambda i: complete(base, i), range(len(REQUESTS))))
+        secs = time.perf_counter() - t0
+    return many, sum(r["usage"]["completion_tokens"] for r in many) / secs
 
 
 def compare(a, b):
@@ -97,11 +97,24 @@ def main():
     ap.add_argument("--model", default="models/muse-mini")
     ap.add_argument("--kernels", default="cuda")
     ap.add_argument("--set", action="append", default=[], help="a config key for both servers")
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--json")
     args = ap.parse_args()
-    new = run(args, {}, 18431)
-    old = run(args, {"TMX_PLUGIN_PATH": args.alt}, 18432)
-    doc = {"requests": len(REQUESTS)}
+    servers = [started(args, {}, 18431), started(args, {"TMX_PLUGIN_PATH": args.alt}, 18432)]
+    try:
+        got = [[[complete(base, i) for i in range(len(REQUESTS))], batch(base)[0]]
+               for _, base in servers]
+        rates = [[], []]
+        for _ in range(args.rounds):
+            for s, (_, base) in enumerate(servers):
+                rates[s].append(batch(base)[1])
+    finally:
+        for p, _ in servers:
+            p.terminate()
+            p.wait()
+    new, old = got
+    rate = [sorted(r)[len(r) // 2] for r in rates]
+    doc = {"requests": len(REQUESTS), "rounds": args.rounds}
     ok = True
     for phase, i in (("one at a time", 0), ("concurrent", 1)):
         same, worst = compare(new[i], old[i])
@@ -109,8 +122,9 @@ def main():
         print(f"{phase}: {same} of {len(REQUESTS)} texts equal, worst logprob difference "
               f"{worst:.3g}")
         doc[phase.replace(" ", "_")] = {"same": same, "worst_logprob": worst}
-    print(f"concurrent batch: {new[2]:.1f} tokens/s as built, {old[2]:.1f} with {args.alt}")
-    doc.update(tok_s_built=new[2], tok_s_alt=old[2], text0=new[0][0]["choices"][0]["text"])
+    print(f"concurrent batch: {rate[0]:.1f} tokens/s as built, {rate[1]:.1f} with {args.alt} "
+          f"(median of {args.rounds})")
+    doc.update(tok_s_built=rates[0], tok_s_alt=rates[1], text0=new[0][0]["choices"][0]["text"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
