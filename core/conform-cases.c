@@ -116,6 +116,14 @@ const struct spec tmx_conform_specs[] = {
      .heads = 4, .kv_heads = 2, .hd = 20, .block = 5, .window = 9, .seqs = 2, .ctx = 47},
     {"attention/i8-long/s1-n2-hq2-hkv1-hd32-b16-ctx280", OP_ATTENTION, I8, 0, .n = 2,
      .heads = 2, .kv_heads = 1, .hd = 32, .block = 16, .seqs = 1, .ctx = 280},
+    /* a prefill's many (token, head) pairs (kernels.cuda: fewer warps a pair), the widest head */
+    {"attention/f32-prefill/s2-n48-hq8-hkv2-hd64-b16-ctx130", OP_ATTENTION, F32, 0, .n = 48,
+     .heads = 8, .kv_heads = 2, .hd = 64, .block = 16, .seqs = 2, .ctx = 130},
+    {"attention/bf16-prefill-sliding/s1-n40-hq8-hkv4-hd32-w16-b16-ctx60", OP_ATTENTION, BF16, 0,
+     .n = 40, .heads = 8, .kv_heads = 4, .hd = 32, .block = 16, .window = 16, .seqs = 1,
+     .ctx = 60},
+    {"attention/f32-hd256/s2-n2-hq4-hkv2-hd256-b16-ctx150", OP_ATTENTION, F32, 0, .n = 2,
+     .heads = 4, .kv_heads = 2, .hd = 256, .block = 16, .seqs = 2, .ctx = 150},
 
     {"moe_route/sigmoid-bias/n4-e32-k4", OP_MOE_ROUTE, F32, 0, .n = 4, .n_exp = 32, .top_k = 4,
      .scale = 2.5f},
@@ -148,6 +156,12 @@ const struct spec tmx_conform_specs[] = {
     {"add_gated/bf16/n2-d33", OP_ADD_GATED, BF16, 0, .n = 2, .d = 33},
     {"add_gated/f16/n1-d8", OP_ADD_GATED, F16, 0, .n = 1, .d = 8},
     {"add_gated/none/n4-d17", OP_ADD_GATED, F32, NO_WEIGHT, .n = 4, .d = 17},
+
+    /* muse-mini's and the 816B model's hidden sizes (the latter past a block's 1024 threads) */
+    {"add_rmsnorm/bf16/n3-d384", OP_ADD_RMSNORM, BF16, 0, .n = 3, .d = 384},
+    {"add_rmsnorm/f32/n2-d7168", OP_ADD_RMSNORM, F32, 0, .n = 2, .d = 7168},
+    {"add_rmsnorm/f16/n5-d100", OP_ADD_RMSNORM, F16, 0, .n = 5, .d = 100},
+    {"add_rmsnorm/none/n4-d65", OP_ADD_RMSNORM, F32, NO_WEIGHT, .n = 4, .d = 65},
 
     {"moe_experts_partial/f32/n1-e8-k4-l32-i48", OP_MOE_EXPERTS_PARTIAL, F32, 0, .n = 1,
      .n_exp = 8, .top_k = 4, .latent = 32, .inter = 48},

@@ -48,7 +48,7 @@ struct tmx_conform_case {
 
     void *arg[5];             /* device addresses of the op's arrays, in the setup's order */
     struct tmx_tensor w;      /* the op's weight, when it has one */
-    struct tmx_tensor wm[4];  /* matmul_multi's weights */
+    struct tmx_tensor wm[4];  /* matmul_multi's weights; add_rmsnorm's gate */
     int n_wm;
     struct tmx_moe_weights moe;
     struct tmx_kv_cache kv;   /* kv_store, attention: device addresses */
@@ -868,6 +868,51 @@ static void add_gated_run(struct tmx_conform_case *c) {
                       s->d);
 }
 
+/* --- add_rmsnorm ------------------------------------------------------------------------------ */
+
+/* add_gated's inputs and a norm weight: both outputs, h updated and out normed from it. */
+static enum tmx_status add_rmsnorm_new(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    size_t count = (size_t)s->n * s->d;
+    const float *h = input(c, count, -1, 1, &c->arg[0]);
+    const float *a = input(c, count, -1, 1, &c->arg[1]);
+    const double *g = NULL, *w = NULL;
+    if (!(s->flags & NO_WEIGHT)) {
+        g = weight(c, s->dt, s->d, 0, -1, 1, &c->wm[0]);
+        w = weight(c, s->dt, s->d, 0, 0.5, 1.5, &c->w);
+    }
+    c->arg[2] = buffer(c, count * sizeof(float));
+    double *ref_h = output(c, c->arg[0], count, TMX_DTYPE_F32);
+    double *ref = output(c, c->arg[2], count, TMX_DTYPE_F32);
+    if (!h || !a || !ref_h || !ref || c->status != TMX_OK) return c->status;
+    for (int r = 0; r < s->n; r++) {
+        double ss = 0;
+        for (int i = 0; i < s->d; i++) {
+            const size_t at = (size_t)r * s->d + i;
+            ref_h[at] = h[at] + (g ? g[i] : 1) * a[at];
+            ss += ref_h[at] * ref_h[at];
+        }
+        const double inv = 1 / sqrt(ss / s->d + EPS);
+        for (int i = 0; i < s->d; i++)
+            ref[(size_t)r * s->d + i] = ref_h[(size_t)r * s->d + i] * inv * (w ? w[i] : 1);
+    }
+    return TMX_OK;
+}
+
+static void add_rmsnorm_run(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    const int none = s->flags & NO_WEIGHT;
+    c->ops->add_rmsnorm(c->ctx, c->arg[2], c->arg[0], c->arg[1], none ? NULL : &c->wm[0],
+                        none ? NULL : &c->w, s->n, s->d, EPS);
+}
+
+static void add_rmsnorm_parts(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    const int none = s->flags & NO_WEIGHT;
+    c->ops->add_gated(c->ctx, c->arg[0], c->arg[1], none ? NULL : &c->wm[0], s->n, s->d);
+    c->ops->rmsnorm(c->ctx, c->arg[2], c->arg[0], none ? NULL : &c->w, s->n, s->d, EPS);
+}
+
 /* --- gather ----------------------------------------------------------------------------------- */
 
 /* Rows drawn with repeats, in any order. */
@@ -1069,6 +1114,7 @@ static const struct {
     double tol;
     enum tmx_status (*setup)(struct tmx_conform_case *c);
     void (*run)(struct tmx_conform_case *c);
+    void (*parts)(struct tmx_conform_case *c); /* the ops a fused op stands for, or NULL */
 } op_defs[] = {
     [OP_EMBED] = {"embed", offsetof(struct tmx_kernels_i, embed), 0, embed_new, embed_run},
     [OP_RMSNORM] = {"rmsnorm", offsetof(struct tmx_kernels_i, rmsnorm), 1e-5, rmsnorm_new,
@@ -1100,6 +1146,8 @@ static const struct {
     [OP_TOPK] = {"topk", offsetof(struct tmx_kernels_i, topk), 1e-10, topk_new, topk_run},
     [OP_LOGIT_EDIT] = {"logit_edit", offsetof(struct tmx_kernels_i, logit_edit), 0,
                        logit_edit_new, logit_edit_run},
+    [OP_ADD_RMSNORM] = {"add_rmsnorm", offsetof(struct tmx_kernels_i, add_rmsnorm), 1e-5,
+                        add_rmsnorm_new, add_rmsnorm_run, add_rmsnorm_parts},
 };
 
 /* Whether the set's table is large enough to hold the op and the op is non-NULL. */
@@ -1160,6 +1208,12 @@ enum tmx_status tmx_conform_case_new(size_t i, const struct tmx_kernels_i *ops, 
 
 void tmx_conform_case_run(struct tmx_conform_case *c) {
     if (has_op(c->ops, c->s->op)) op_defs[c->s->op].run(c);
+}
+
+int tmx_conform_case_run_parts(struct tmx_conform_case *c) {
+    if (!op_defs[c->s->op].parts) return 0;
+    op_defs[c->s->op].parts(c);
+    return 1;
 }
 
 /* max|got - ref| / max|ref| over finite refs, or INFINITY on an unexpected NaN or infinity or

@@ -572,6 +572,22 @@ static enum tmx_status moe_block(struct tmx_model *m, const struct layer *ly, in
     return TMX_OK;
 }
 
+/* kv->h += g * a (g NULL: 1), then kv->x = RMSNorm(kv->h) * w: a block's residual update and
+ * the next block's input, in one op where the set has add_rmsnorm. */
+static void add_norm(struct tmx_model *m, const float *a, const struct tmx_tensor *g,
+                     const struct tmx_tensor *w, int n) {
+    const struct tmx_kernels_i *op = m->k->ops;
+    struct kv_state *kv = m->kv;
+    const int D = m->cfg.hidden;
+    const float eps = (float)m->cfg.rms_norm_eps;
+    if (TMX_OPS_HAS(op, add_rmsnorm)) {
+        op->add_rmsnorm(m->k->ctx, kv->x, kv->h, a, g, w, n, D, eps);
+        return;
+    }
+    op->add_gated(m->k->ctx, kv->h, a, g, n, D);
+    op->rmsnorm(m->k->ctx, kv->x, kv->h, w, n, D, eps);
+}
+
 /* One step over n tokens already in kv->tok, pos, seq and the groups' slots and tables, from
  * n_seqs sequences. Leaves the final hidden states (before the final norm) in kv->h. Each
  * all-reduce sums the ranks' partial results of a split weight: the embedding's rows, the
@@ -591,12 +607,12 @@ static enum tmx_status forward_step(struct tmx_model *m, int n, enum tmx_status 
     *failed = TMX_OK;
     op->embed(kc, kv->h, &m->embed, kv->tok, n);
     if ((st = reduce(m, kv->h, (size_t)n * D, err)) != TMX_OK) return st;
+    op->rmsnorm(kc, kv->x, kv->h, &m->layers[0].attn_norm, n, D, eps);
     for (int l = 0; l < c->n_layers; l++) {
         const struct layer *ly = &m->layers[l];
         const struct group *gr = &kv->g[c->sliding[l] ? SLIDING : FULL];
 
-        /* attention over this rank's heads */
-        op->rmsnorm(kc, kv->x, kv->h, &ly->attn_norm, n, D, eps);
+        /* attention over this rank's heads, on kv->x = its input norm of kv->h */
         matmuls(m, (float *[]){kv->q, kv->kk, kv->vv}, kv->x,
                 (const struct tmx_tensor *[]){&ly->wq, &ly->wk, &ly->wv}, 3, n);
         if (ly->q_norm.data) op->rmsnorm(kc, kv->q, kv->q, &ly->q_norm, n * hq, hd, eps);
@@ -609,10 +625,9 @@ static enum tmx_status forward_step(struct tmx_model *m, int n, enum tmx_status 
                       kv->pos, n, hq, gr->window, scale);
         op->matmul(kc, kv->o, kv->att, &ly->wo, n);
         if ((st = reduce(m, kv->o, (size_t)n * D, *failed ? NULL : err)) != TMX_OK) return st;
-        op->add_gated(kc, kv->h, kv->o, opt(&ly->attn_gate), n, D);
+        add_norm(m, kv->o, opt(&ly->attn_gate), &ly->mlp_norm, n);
 
         /* MLP: dense SwiGLU, or routed experts behind the bridges */
-        op->rmsnorm(kc, kv->x, kv->h, &ly->mlp_norm, n, D, eps);
         if (c->dense[l]) {
             const int64_t f = ly->gate.shape[0];
             matmuls(m, (float *[]){kv->f1, kv->f2}, kv->x,
@@ -624,7 +639,8 @@ static enum tmx_status forward_step(struct tmx_model *m, int n, enum tmx_status 
             st = moe_block(m, ly, l, n, failed, err);
         }
         if (st != TMX_OK) return st;
-        op->add_gated(kc, kv->h, kv->o, opt(&ly->mlp_gate), n, D);
+        if (l + 1 < c->n_layers) add_norm(m, kv->o, opt(&ly->mlp_gate), &ly[1].attn_norm, n);
+        else op->add_gated(kc, kv->h, kv->o, opt(&ly->mlp_gate), n, D);
     }
     return TMX_OK;
 }

@@ -156,6 +156,8 @@ void cpu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const float *x,
               const float *temps, int rows, int d, int ld, int k);
 void cpu_logit_edit(void *ctx, float *x, const struct tmx_logit_edit *edits,
                     const int32_t *starts, int rows, int ld, int lo, int d);
+void cpu_add_rmsnorm(void *ctx, float *out, float *h, const float *a, const struct tmx_tensor *g,
+                     const struct tmx_tensor *w, int rows, int d, float eps);
 
 /* attention.c */
 void cpu_rope(void *ctx, float *x, const int32_t *pos, const float *inv_freq, int n, int heads,

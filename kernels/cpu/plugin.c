@@ -239,6 +239,7 @@ static const struct tmx_kernels_i cpu_ops = {
     .matmul_multi = cpu_matmul_multi,
     .topk = cpu_topk,
     .logit_edit = cpu_logit_edit,
+    .add_rmsnorm = cpu_add_rmsnorm,
 };
 
 static const struct tmx_option cpu_options[] = {

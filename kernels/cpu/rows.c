@@ -1,5 +1,5 @@
-/* rows.c: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather, argmax, topk,
- * logit_edit.
+/* rows.c: the row-wise ops: embed, rmsnorm, swiglu, add_gated, add_rmsnorm, gather, argmax,
+ * topk, logit_edit.
  *
  * Each is cheap per element, so work is cut into tasks of about GRAIN floats: a decode step's
  * single row runs inline on the caller instead of paying for a pool wake-up. Small weight
@@ -139,6 +139,9 @@ struct add_gated_job {
     float *h;
     const float *a, *g;
     int64_t rows, d, per;
+    float *out;     /* add_rmsnorm: each row normed into out[r] (NULL: add_gated) */
+    const float *w; /* its norm weight, or NULL */
+    float eps;
 };
 
 static void add_gated_task(void *arg, int64_t task) {
@@ -150,6 +153,7 @@ static void add_gated_task(void *arg, int64_t task) {
             for (int64_t i = 0; i < j->d; i++) h[i] += j->g[i] * a[i];
         else
             for (int64_t i = 0; i < j->d; i++) h[i] += a[i];
+        if (j->out) cpu_rmsnorm_row(j->out + r * j->d, h, j->w, (int)j->d, j->eps);
     }
 }
 
@@ -160,7 +164,41 @@ void cpu_add_gated(void *ctx, float *h, const float *a, const struct tmx_tensor 
     if (!check_rows(c, "add_gated", rows, d) ||
         (g && !(gf = weight_f32(c, "add_gated", "gate", g, d))))
         return;
-    struct add_gated_job j = {h, a, gf, rows, d, per_task(d)};
+    struct add_gated_job j = {h, a, gf, rows, d, per_task(d), NULL, NULL, 0};
+    cpu_pool_run(c->pool, n_tasks(rows, j.per), add_gated_task, &j);
+}
+
+/* The F32 views of a gate and a norm weight of d (either NULL), as weight_f32 gives one: the
+ * converted copies share one scratch block. 0 (failure recorded) on a bad weight. */
+static int pair_f32(struct cpu_ctx *c, const char *op, const struct tmx_tensor *g,
+                    const struct tmx_tensor *w, int64_t d, const float **gf, const float **wf) {
+    const struct tmx_tensor *t[2] = {g, w};
+    const char *what[2] = {"gate", "weight"};
+    const float **view[2] = {gf, wf};
+    float *f = NULL;
+    for (int i = 0; i < 2; i++) {
+        *view[i] = NULL;
+        if (!t[i]) continue;
+        if (!cpu_check_weight(c, op, what[i], t[i], 1, d, 0)) return 0;
+        if (t[i]->dtype == TMX_DTYPE_F32) {
+            *view[i] = t[i]->data;
+            continue;
+        }
+        if (!f && !(f = cpu_scratch(c, (size_t)2 * d * sizeof *f, op))) return 0;
+        cpu_to_f32(f + i * d, t[i]->data, t[i]->dtype, 0, d);
+        *view[i] = f + i * d;
+    }
+    return 1;
+}
+
+/* add_gated's rows, each normed into out while it is in cache. */
+void cpu_add_rmsnorm(void *ctx, float *out, float *h, const float *a, const struct tmx_tensor *g,
+                     const struct tmx_tensor *w, int rows, int d, float eps) {
+    struct cpu_ctx *c = ctx;
+    const float *gf, *wf;
+    if (!check_rows(c, "add_rmsnorm", rows, d) || !pair_f32(c, "add_rmsnorm", g, w, d, &gf, &wf))
+        return;
+    struct add_gated_job j = {h, a, gf, rows, d, per_task(d), out, wf, eps};
     cpu_pool_run(c->pool, n_tasks(rows, j.per), add_gated_task, &j);
 }
 

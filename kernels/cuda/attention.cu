@@ -177,18 +177,23 @@ struct attn_args {
     float scale;
 };
 
-#define ATT_WARPS 8 /* warps sharing the positions of one (token, query head) */
+/* Warps sharing the positions of one (token, query head): 32 when the step's blocks are few
+ * (a decode step: each warp's positions are a chain of dependent sums, and the SMs are
+ * otherwise idle; muse-mini's decode 1.11x faster than with 8), 8 when they are many. */
+#define ATT_WARPS_FEW 32
+#define ATT_WARPS_MANY 8
+#define ATT_FEW_TASKS 256 /* (token, head) blocks that still count as few */
 
-/* A block per (token, query head); warp w takes the visible positions lo + w, lo + w + ATT_WARPS,
+/* A block per (token, query head); warp w of W takes the visible positions lo + w, lo + w + W,
  * ... in one pass with an online softmax: the running max m and sum l are rescaled when a
  * score raises the max, so every exponent is at most 0. The warps' partial (m, l, acc) then
  * merge in shared memory, rescaled to the common max: the exact softmax up to rounding, with
- * the positions of a long context spread over ATT_WARPS warps instead of one. */
-template <int KT>
-__global__ void __launch_bounds__(ATT_WARPS * 32)
+ * the positions of a long context spread over W warps instead of one. */
+template <int KT, int W>
+__global__ void __launch_bounds__(W * 32)
 attention_kernel(struct tmx_kv_cache kv, struct attn_args a, int *dev_err) {
-    __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
-    __shared__ float s_acc[ATT_WARPS][CU_MAX_HEAD_DIM]; /* [warp][hd] */
+    __shared__ float s_m[W], s_l[W];
+    __shared__ float s_acc[W][CU_MAX_HEAD_DIM]; /* [warp][hd] */
     const int64_t task = blockIdx.x;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, hd = kv.hd;
     const int t = (int)(task / a.hq), h = (int)(task % a.hq), kvh = h / (a.hq / kv.hkv);
@@ -208,7 +213,7 @@ attention_kernel(struct tmx_kv_cache kv, struct attn_args a, int *dev_err) {
     const int32_t *table = a.tables + (int64_t)s * a.max_blocks;
     const bool scaled = KT == TMX_DTYPE_F8_E4M3 || KT == TMX_DTYPE_I8;
     float m = -INFINITY, l = 0.0f;
-    for (int j = lo + warp; j <= p; j += ATT_WARPS) {
+    for (int j = lo + warp; j <= p; j += W) {
         int bi = j / kv.block_size;
         int blk = bi < a.max_blocks ? table[bi] : -1;
         if (blk < 0 || blk >= kv.n_blocks) { /* stop, but stay for the merge's barrier */
@@ -247,8 +252,8 @@ attention_kernel(struct tmx_kv_cache kv, struct attn_args a, int *dev_err) {
     __syncthreads();
     if (warp != 0) return;
     float mx = -INFINITY, sum = 0.0f, o[PER_LANE] = {};
-    for (int w = 0; w < ATT_WARPS; w++) mx = fmaxf(mx, s_m[w]);
-    for (int w = 0; w < ATT_WARPS; w++) {
+    for (int w = 0; w < W; w++) mx = fmaxf(mx, s_m[w]);
+    for (int w = 0; w < W; w++) {
         if (s_m[w] == -INFINITY) continue; /* a warp that saw no position */
         float r = expf(s_m[w] - mx);
         sum += s_l[w] * r;
@@ -279,7 +284,13 @@ extern "C" void cu_attention(void *ctx, float *out, const float *q, const struct
     if (n == 0) return;
     struct attn_args a = {out, q, tables, seq, pos, max_blocks, n, hq, window, scale};
     const unsigned tasks = (unsigned)((int64_t)n * hq); /* a block each */
-    CU_DISPATCH_KV(kv->dtype, (attention_kernel<KT><<<tasks, ATT_WARPS * 32, 0, c->stream>>>(
-                                  *kv, a, c->dev_err)));
+    if (tasks <= ATT_FEW_TASKS)
+        CU_DISPATCH_KV(kv->dtype,
+                       (attention_kernel<KT, ATT_WARPS_FEW><<<tasks, ATT_WARPS_FEW * 32, 0,
+                                                              c->stream>>>(*kv, a, c->dev_err)));
+    else
+        CU_DISPATCH_KV(kv->dtype,
+                       (attention_kernel<KT, ATT_WARPS_MANY><<<tasks, ATT_WARPS_MANY * 32, 0,
+                                                               c->stream>>>(*kv, a, c->dev_err)));
     cu_check_launch(c, "attention");
 }

@@ -92,6 +92,8 @@ void cu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const float *x,
              const float *temps, int rows, int d, int ld, int k);
 void cu_logit_edit(void *ctx, float *x, const struct tmx_logit_edit *edits,
                    const int32_t *starts, int rows, int ld, int lo, int d);
+void cu_add_rmsnorm(void *ctx, float *out, float *h, const float *a, const struct tmx_tensor *g,
+                    const struct tmx_tensor *w, int rows, int d, float eps);
 
 /* matmul.cu */
 void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_tensor *w, int n);

@@ -145,9 +145,11 @@ __device__ __forceinline__ float load_any(const void *p, int dt, int64_t i) {
 }
 
 /* y[p] = weight_p * RMSNorm_post(down_e . hid[p]): a block per pair, a warp per output row,
- * the row kept in shared memory [latent] for the norm. */
+ * the row kept in shared memory [latent] for the norm. 32 warps: a decode step has a block
+ * for each of its few pairs, and each warp's rows are a chain of dependent sums. */
+#define DOWN_THREADS 1024
 template <int DT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(DOWN_THREADS)
 experts_down_kernel(struct expert_ptrs w, struct experts_args a) {
     extern __shared__ float yrow[];
     __shared__ float red[32];
@@ -160,7 +162,7 @@ experts_down_kernel(struct expert_ptrs w, struct experts_args a) {
         return;
     }
     const float *h = a.hid + p * a.inter;
-    for (int d = warp; d < a.latent; d += 8) {
+    for (int d = warp; d < a.latent; d += DOWN_THREADS / 32) {
         int64_t row = (int64_t)d * a.inter;
         float acc = 0.0f;
         for (int i = lane; i < a.inter; i += 32) acc += load_w<DT>(w.down[e], row + i) * h[i];
@@ -255,7 +257,8 @@ static void experts_run(struct cu_ctx *c, const char *op, const int32_t *ids, in
     dim3 up_grid((unsigned)pairs, (unsigned)((w->inter + 7) / 8));
     CU_DISPATCH_W(w->gate[0].dtype,
                   (experts_up_kernel<DT><<<up_grid, 256, 0, c->stream>>>(ptrs, *a),
-                   experts_down_kernel<DT><<<(unsigned)pairs, 256, shmem, c->stream>>>(ptrs, *a)));
+                   experts_down_kernel<DT><<<(unsigned)pairs, DOWN_THREADS, shmem, c->stream>>>(
+                       ptrs, *a)));
 }
 
 extern "C" void cu_moe_experts(void *ctx, float *out, const float *z, const int32_t *ids,

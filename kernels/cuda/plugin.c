@@ -373,6 +373,7 @@ static const struct tmx_kernels_i cu_ops = {
     .matmul_multi = cu_matmul_multi,
     .topk = cu_topk,
     .logit_edit = cu_logit_edit,
+    .add_rmsnorm = cu_add_rmsnorm,
 };
 
 static const struct tmx_option cu_options[] = {

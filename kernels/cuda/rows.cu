@@ -1,5 +1,5 @@
-/* rows.cu: the row-wise ops: embed, rmsnorm, swiglu, add_gated, gather, argmax, topk,
- * logit_edit.
+/* rows.cu: the row-wise ops: embed, rmsnorm, swiglu, add_gated, add_rmsnorm, gather, argmax,
+ * topk, logit_edit.
  *
  * Each is memory bound and cheap per element: a thread per element (embed, swiglu, add_gated,
  * gather), a block per row (rmsnorm, which needs the row's sum of squares; logit_edit, whose
@@ -45,19 +45,28 @@ extern "C" void cu_embed(void *ctx, float *out, const struct tmx_tensor *table, 
 
 /* --- rmsnorm -------------------------------------------------------------------------------- */
 
-/* One block per row. The row is read twice (sum of squares, then scale): it is in L1/L2 by
- * then, and out may alias x since each element is read before it is written by its thread. */
+/* A block's row xr normed into yr. The row is read twice (sum of squares, then scale): it is
+ * in L1/L2 by then, and yr may alias xr since each element is read before it is written by
+ * its thread. Thread i takes elements i, i + blockDim.x, ... (add_rmsnorm relies on it). */
 template <int DT>
-__global__ void rmsnorm_kernel(float *out, const float *x, const void *w, int d, float eps) {
-    __shared__ float red[32];
-    const float *xr = x + (int64_t)blockIdx.x * d;
-    float *yr = out + (int64_t)blockIdx.x * d;
+__device__ __forceinline__ void rms_row(float *yr, const float *xr, const void *w, int d,
+                                        float eps, float *red) {
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss = __fmaf_rn(xr[i], xr[i], ss);
     ss = block_sum(ss, red);
     float inv = rsqrtf(ss / (float)d + eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x)
         yr[i] = xr[i] * inv * (w ? load_w<DT>(w, i) : 1.0f);
+}
+
+/* Threads of a block that norms rows of d. */
+static int rms_threads(int d) { return d >= 1024 ? 1024 : (d + 31) / 32 * 32; }
+
+/* One block per row. */
+template <int DT>
+__global__ void rmsnorm_kernel(float *out, const float *x, const void *w, int d, float eps) {
+    __shared__ float red[32];
+    rms_row<DT>(out + (int64_t)blockIdx.x * d, x + (int64_t)blockIdx.x * d, w, d, eps, red);
 }
 
 extern "C" void cu_rmsnorm(void *ctx, float *out, const float *x, const struct tmx_tensor *w,
@@ -66,10 +75,9 @@ extern "C" void cu_rmsnorm(void *ctx, float *out, const float *x, const struct t
     if (!cu_enter(c, "rmsnorm") || !check_rows(c, "rmsnorm", rows, d) ||
         (w && !cu_check_weight(c, "rmsnorm", "weight", w, 1, d, 0)) || rows == 0)
         return;
-    int threads = d >= 1024 ? 1024 : (d + 31) / 32 * 32;
     CU_DISPATCH_W(w ? w->dtype : TMX_DTYPE_F32,
-                  (rmsnorm_kernel<DT><<<rows, threads, 0, c->stream>>>(out, x, w ? w->data : NULL,
-                                                                       d, eps)));
+                  (rmsnorm_kernel<DT><<<rows, rms_threads(d), 0, c->stream>>>(
+                      out, x, w ? w->data : NULL, d, eps)));
     cu_check_launch(c, "rmsnorm");
 }
 
@@ -92,12 +100,30 @@ extern "C" void cu_swiglu(void *ctx, float *out, const float *gate, const float 
 
 /* --- add_gated ------------------------------------------------------------------------------ */
 
+/* h + g * a in one rounding, as add_gated and add_rmsnorm both compute it. */
+template <int DT>
+__device__ __forceinline__ float gated(float h, float a, const void *g, int64_t i) {
+    return __fmaf_rn(g ? load_w<DT>(g, i) : 1.0f, a, h);
+}
+
 template <int DT>
 __global__ void add_gated_kernel(float *h, const float *a, const void *g, int64_t d,
                                  int64_t count) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
-    h[i] += (g ? load_w<DT>(g, i % d) : 1.0f) * a[i];
+    h[i] = gated<DT>(h[i], a[i], g, i % d);
+}
+
+/* One block per row: the row's update, then its norm, each thread on its own elements (so no
+ * barrier between the two), as add_gated_kernel and rmsnorm_kernel compute them. */
+template <int DT>
+__global__ void add_rmsnorm_kernel(float *out, float *h, const float *a, const void *g,
+                                   const void *w, int d, float eps) {
+    __shared__ float red[32];
+    float *hr = h + (int64_t)blockIdx.x * d;
+    const float *ar = a + (int64_t)blockIdx.x * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) hr[i] = gated<DT>(hr[i], ar[i], g, i);
+    rms_row<DT>(out + (int64_t)blockIdx.x * d, hr, w, d, eps, red);
 }
 
 extern "C" void cu_add_gated(void *ctx, float *h, const float *a, const struct tmx_tensor *g,
@@ -111,6 +137,25 @@ extern "C" void cu_add_gated(void *ctx, float *h, const float *a, const struct t
                   (add_gated_kernel<DT><<<blocks_for(count, 256), 256, 0, c->stream>>>(
                       h, a, g ? g->data : NULL, d, count)));
     cu_check_launch(c, "add_gated");
+}
+
+extern "C" void cu_add_rmsnorm(void *ctx, float *out, float *h, const float *a,
+                               const struct tmx_tensor *g, const struct tmx_tensor *w, int rows,
+                               int d, float eps) {
+    struct cu_ctx *c = (struct cu_ctx *)ctx;
+    if (g && w && g->dtype != w->dtype) { /* one kernel reads one weight dtype: two launches */
+        cu_add_gated(ctx, h, a, g, rows, d);
+        cu_rmsnorm(ctx, out, h, w, rows, d, eps);
+        return;
+    }
+    if (!cu_enter(c, "add_rmsnorm") || !check_rows(c, "add_rmsnorm", rows, d) ||
+        (g && !cu_check_weight(c, "add_rmsnorm", "gate", g, 1, d, 0)) ||
+        (w && !cu_check_weight(c, "add_rmsnorm", "weight", w, 1, d, 0)) || rows == 0)
+        return;
+    CU_DISPATCH_W(g ? g->dtype : w ? w->dtype : TMX_DTYPE_F32,
+                  (add_rmsnorm_kernel<DT><<<rows, rms_threads(d), 0, c->stream>>>(
+                      out, h, a, g ? g->data : NULL, w ? w->data : NULL, d, eps)));
+    cu_check_launch(c, "add_rmsnorm");
 }
 
 /* --- gather --------------------------------------------------------------------------------- */

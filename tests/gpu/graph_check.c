@@ -12,6 +12,8 @@
  *    chain run eagerly on that input, bit for bit.
  * 3. A device-side error (an embed id outside the table) must fail the next sync with
  *    TMX_ERR_INVALID, and the sync after it must succeed.
+ * 4. Every case of a fused op (add_rmsnorm) run as the ops it stands for must give the fused
+ *    op's outputs bit for bit.
  * Prints one line per check and exits 1 if any fails. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,8 +31,11 @@ static void report(const char *what, int ok, const char *detail) {
 
 /* --- 1. every conformance case through a graph ------------------------------------------------ */
 
-/* Runs case i (eagerly or captured and launched); *out gets a copy of its outputs. */
-static int run_case(const struct tmx_kernels *k, size_t i, int graph, struct tmx_conform_result *r,
+enum { EAGER, GRAPH, PARTS };
+
+/* Runs case i (eagerly, captured and launched, or as the ops its op fuses); *out gets a copy of
+ * its outputs. 0 when it could not, or (PARTS) its op fuses none. */
+static int run_case(const struct tmx_kernels *k, size_t i, int how, struct tmx_conform_result *r,
                     void **out, size_t *nbytes) {
     struct tmx_conform_case *c;
     char *err = NULL;
@@ -41,7 +46,9 @@ static int run_case(const struct tmx_kernels *k, size_t i, int graph, struct tmx
         return 0;
     }
     int ok = 1;
-    if (graph) {
+    if (how == PARTS) {
+        ok = tmx_conform_case_run_parts(c);
+    } else if (how == GRAPH) {
         void *g = NULL;
         ok = k->ops->graph_begin(k->ctx) == TMX_OK;
         if (ok) tmx_conform_case_run(c);
@@ -65,13 +72,13 @@ static void check_cases(const struct tmx_kernels *k) {
         struct tmx_conform_result eager, replay;
         void *a = NULL, *b = NULL;
         size_t na = 0, nb = 0;
-        const int ran = run_case(k, i, 0, &eager, &a, &na);
+        const int ran = run_case(k, i, EAGER, &eager, &a, &na);
         if (eager.status == TMX_ERR_UNSUPPORTED) { /* an optional op the set does not have */
             n_lacking++;
             free(a);
             continue;
         }
-        int ok = ran && run_case(k, i, 1, &replay, &b, &nb) && replay.pass && na == nb &&
+        int ok = ran && run_case(k, i, GRAPH, &replay, &b, &nb) && replay.pass && na == nb &&
                  memcmp(a, b, na) == 0;
         if (!ok) {
             char detail[96];
@@ -201,6 +208,26 @@ static void check_device_error(const struct tmx_kernels *k) {
     o->weight_free(k->ctx, &table);
 }
 
+/* --- 4. fused ops against their parts ---------------------------------------------------------- */
+
+static void check_fused(const struct tmx_kernels *k) {
+    int n_fused = 0, n_same = 0;
+    for (size_t i = 0; i < tmx_conform_count(); i++) {
+        struct tmx_conform_result fused, parts;
+        void *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        if (run_case(k, i, PARTS, &parts, &b, &nb)) {
+            n_fused++;
+            n_same += run_case(k, i, EAGER, &fused, &a, &na) && na == nb && !memcmp(a, b, na);
+        }
+        free(a);
+        free(b);
+    }
+    char detail[64];
+    snprintf(detail, sizeof detail, "%d of %d cases bitwise equal", n_same, n_fused);
+    report("fused ops equal the ops they stand for", n_fused > 0 && n_same == n_fused, detail);
+}
+
 int main(int argc, char **argv) {
     const char *name = argc > 1 ? argv[1] : "cuda";
     struct tool_set set;
@@ -213,6 +240,7 @@ int main(int argc, char **argv) {
         check_chain(&k);
     }
     check_device_error(&k);
+    check_fused(&k);
     report("native_stream", k.ops->native_stream && k.ops->native_stream(k.ctx) != NULL, NULL);
     tool_set_close(&set);
     return n_failed ? 1 : 0;

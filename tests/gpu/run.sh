@@ -48,7 +48,7 @@ echo "== conformance"
 conform_rc=0
 : > "$OUT/logs/conform.txt"
 for op in embed rmsnorm matmul rope kv_store attention moe_route moe_experts moe_experts_partial \
-    moe_combine swiglu add_gated gather argmax matmul_multi topk logit_edit; do
+    moe_combine swiglu add_gated add_rmsnorm gather argmax matmul_multi topk logit_edit; do
     "$bin/tmx" conform --kernels cuda --filter "$op/" --repeat 20 --json "$OUT/c-$op.json" \
         >> "$OUT/logs/conform.txt" 2>&1 || conform_rc=1
 done

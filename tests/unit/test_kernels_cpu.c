@@ -148,7 +148,7 @@ static void test_descriptor(void **state) {
         ops->rmsnorm,   ops->matmul,    ops->rope,      ops->kv_store,    ops->attention,
         ops->moe_route, ops->moe_experts, ops->swiglu,  ops->add_gated,   ops->gather,
         ops->moe_experts_partial, ops->moe_combine, ops->argmax, ops->matmul_multi,
-        ops->topk,      ops->logit_edit,
+        ops->topk,      ops->logit_edit, ops->add_rmsnorm,
     };
     for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) assert_non_null(members[i]);
 }
@@ -207,6 +207,47 @@ static void test_threads_bitwise(void **state) {
         for (int t = 0; t < 3; t++) tmx_conform_case_free(c[t]);
     }
     for (int t = 0; t < 3; t++) f->ops->fini(ctx[t]);
+}
+
+/* Case i's outputs, run as its op (parts 0) or as the ops it fuses (parts 1), into *out
+ * (malloc'd); 0 when the op fuses none. */
+static int outputs(const struct fixture *f, void *ctx, size_t i, int parts, void **out,
+                   size_t *nbytes) {
+    struct tmx_conform_case *c;
+    struct tmx_conform_result r;
+    char *err = NULL;
+    if (tmx_conform_case_new(i, f->ops, ctx, &c, &err) != TMX_OK) fail_msg("%s", err);
+    const int fused = parts ? tmx_conform_case_run_parts(c) : (tmx_conform_case_run(c), 1);
+    if (fused) {
+        if (tmx_conform_case_check(c, &r, &err) != TMX_OK) fail_msg("%s", err);
+        const void *got = tmx_conform_case_output(c, nbytes);
+        assert_non_null(got);
+        *out = malloc(*nbytes);
+        assert_non_null(*out);
+        memcpy(*out, got, *nbytes);
+    }
+    tmx_conform_case_free(c);
+    return fused;
+}
+
+/* A fused op (add_rmsnorm) gives bit for bit what the ops it stands for give. */
+static void test_fused_equals_parts(void **state) {
+    const struct fixture *f = *state;
+    void *ctx = open_set(f, 2);
+    int n_fused = 0;
+    for (size_t i = 0; i < tmx_conform_count(); i++) {
+        void *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        if (!outputs(f, ctx, i, 1, &a, &na)) continue;
+        outputs(f, ctx, i, 0, &b, &nb);
+        assert_int_equal(na, nb);
+        if (memcmp(a, b, na) != 0) fail_msg("%s: the fused op differs", tmx_conform_name(i));
+        n_fused++;
+        free(a);
+        free(b);
+    }
+    assert_true(n_fused >= 4);
+    f->ops->fini(ctx);
 }
 
 /* A token's output row does not depend on how many rows share the matmul: decode (n = 1)
@@ -374,6 +415,7 @@ int main(void) {
         cmocka_unit_test(test_conform_1_thread),
         cmocka_unit_test(test_conform_2_threads),
         cmocka_unit_test(test_threads_bitwise),
+        cmocka_unit_test(test_fused_equals_parts),
         cmocka_unit_test(test_matmul_batch_invariant),
     };
     return cmocka_run_group_tests(tests, load_plugin, unload_plugin);

@@ -64,6 +64,10 @@ enum tmx_status tmx_conform_case_new(size_t i, const struct tmx_kernels_i *ops, 
                                      struct tmx_conform_case **out, char **err);
 /* Calls the op once. Does nothing when the set lacks the op. */
 void tmx_conform_case_run(struct tmx_conform_case *c);
+/* In place of tmx_conform_case_run, for a case whose op fuses others (add_rmsnorm: add_gated,
+ * then rmsnorm): calls those once each, so that a check's outputs can be compared bit for bit
+ * with the fused op's. Returns 0 (and calls nothing) for an op that fuses none. */
+int tmx_conform_case_run_parts(struct tmx_conform_case *c);
 /* Syncs, reads the outputs back and fills *res. A failed op or a mismatch is a result, not an
  * error: the return is an error only when a buf_read fails. */
 enum tmx_status tmx_conform_case_check(struct tmx_conform_case *c, struct tmx_conform_result *res,

@@ -235,6 +235,15 @@ struct tmx_kernels_i {
      * tmx_logit_edit_apply. A row has at most one edit of an id, so their order is free. */
     void (*logit_edit)(void *ctx, float *x, const struct tmx_logit_edit *edits,
                        const int32_t *starts, int rows, int ld, int lo, int d);
+
+    /* --- added in ABI 2.6 (optional) -------------------------------------------------- */
+
+    /* (NULL: add_gated, then rmsnorm) h[r][:] += g * a[r][:] as add_gated computes it, then
+     * out[r][:] = RMSNorm(h[r][:]) * w as rmsnorm computes it (both bit for bit): a block's
+     * residual update and the next block's input norm in one pass over h. out is not h. */
+    void (*add_rmsnorm)(void *ctx, float *out, float *h, const float *a,
+                        const struct tmx_tensor *g, const struct tmx_tensor *w, int rows, int d,
+                        float eps);
 };
 
 /* The most candidates topk gives a row. */
