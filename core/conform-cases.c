@@ -58,6 +58,16 @@ const struct spec tmx_conform_specs[] = {
     {"rope/n1-h4-hd64", OP_ROPE, F32, 0, .n = 1, .heads = 4, .hd = 64},
     {"rope/n5-h3-hd32", OP_ROPE, F32, 0, .n = 5, .heads = 3, .hd = 32},
     {"rope/n3-h2-hd6", OP_ROPE, F32, 0, .n = 3, .heads = 2, .hd = 6},
+    /* muse-mini's heads (6 over 2, 64 wide), a 816B TP-4 rank's (16 over 2, 128 wide), rope
+     * alone, and a prefill's tokens */
+    {"qk_norm_rope/bf16/n1-hq6-hkv2-hd64", OP_QK_NORM_ROPE, BF16, 0, .n = 1, .heads = 6,
+     .kv_heads = 2, .hd = 64},
+    {"qk_norm_rope/f32/n3-hq16-hkv2-hd128", OP_QK_NORM_ROPE, F32, 0, .n = 3, .heads = 16,
+     .kv_heads = 2, .hd = 128},
+    {"qk_norm_rope/none/n2-hq4-hkv4-hd32", OP_QK_NORM_ROPE, F32, NO_WEIGHT, .n = 2, .heads = 4,
+     .kv_heads = 4, .hd = 32},
+    {"qk_norm_rope/f16/n37-hq8-hkv1-hd48", OP_QK_NORM_ROPE, F16, 0, .n = 37, .heads = 8,
+     .kv_heads = 1, .hd = 48},
 
     {"kv_store/f32/s1-n1-hkv8-hd128-b16-ctx37", OP_KV_STORE, F32, 0, .n = 1, .kv_heads = 8,
      .hd = 128, .block = 16, .seqs = 1, .ctx = 37},

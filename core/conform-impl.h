@@ -10,13 +10,13 @@
 enum conform_op {
     OP_EMBED, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_KV_STORE, OP_ATTENTION, OP_MOE_ROUTE,
     OP_MOE_EXPERTS, OP_SWIGLU, OP_ADD_GATED, OP_GATHER, OP_MOE_EXPERTS_PARTIAL, OP_MOE_COMBINE, OP_ARGMAX,
-    OP_MATMUL_MULTI, OP_TOPK, OP_LOGIT_EDIT, OP_ADD_RMSNORM,
+    OP_MATMUL_MULTI, OP_TOPK, OP_LOGIT_EDIT, OP_ADD_RMSNORM, OP_QK_NORM_ROPE,
 };
 
 /* Variant flags. */
 #define NO_WEIGHT 1u    /* rmsnorm, add_gated: no weight; add_rmsnorm: neither gate nor
-                           weight; moe_route: no bias; moe_experts, moe_combine: no post
-                           norm */
+                           weight; qk_norm_rope: no norms; moe_route: no bias; moe_experts,
+                           moe_combine: no post norm */
 #define IN_PLACE 2u     /* rmsnorm: out = x; swiglu: out = gate */
 #define SOFTMAX 4u      /* moe_route: softmax scores (default sigmoid) */
 #define NO_NORM_TOPK 8u /* moe_route: weights not divided by their sum */

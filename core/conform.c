@@ -48,7 +48,8 @@ struct tmx_conform_case {
 
     void *arg[5];             /* device addresses of the op's arrays, in the setup's order */
     struct tmx_tensor w;      /* the op's weight, when it has one */
-    struct tmx_tensor wm[4];  /* matmul_multi's weights; add_rmsnorm's gate */
+    struct tmx_tensor wm[4];  /* matmul_multi's weights; add_rmsnorm's gate, qk_norm_rope's
+                                 q_norm */
     int n_wm;
     struct tmx_moe_weights moe;
     struct tmx_kv_cache kv;   /* kv_store, attention: device addresses */
@@ -371,6 +372,65 @@ static enum tmx_status rope_new(struct tmx_conform_case *c) {
             }
         }
     return TMX_OK;
+}
+
+/* --- qk_norm_rope ------------------------------------------------------------------------------ */
+
+/* q and k heads (heads, kv_heads), each normed in double by its norm weight (NO_WEIGHT: none),
+ * then rotated as rope's reference rotates. */
+static enum tmx_status qk_norm_rope_new(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    const int half = s->hd / 2, heads[2] = {s->heads, s->kv_heads};
+    const int normed = !(s->flags & NO_WEIGHT);
+    int32_t *pos = host_alloc(c, (size_t)s->n * sizeof *pos);
+    float *inv_freq = host_alloc(c, (size_t)half * sizeof *inv_freq);
+    if (!pos || !inv_freq) return c->status;
+    for (int t = 0; t < s->n; t++) pos[t] = randint(c, 0, 4095);
+    for (int i = 0; i < half; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / s->hd);
+    c->arg[2] = upload(c, pos, (size_t)s->n * sizeof *pos);
+    c->arg[3] = upload(c, inv_freq, (size_t)half * sizeof *inv_freq);
+    for (int qk = 0; qk < 2; qk++) {
+        const size_t count = (size_t)s->n * heads[qk] * s->hd;
+        const float *x = input(c, count, -2, 2, &c->arg[qk]);
+        const double *w = normed ? weight(c, s->dt, s->hd, 0, 0.5, 1.5, qk ? &c->w : &c->wm[0])
+                                 : NULL;
+        double *ref = output(c, c->arg[qk], count, TMX_DTYPE_F32);
+        double *row = host_alloc(c, (size_t)s->hd * sizeof *row);
+        if (!x || !ref || !row || !c->arg[2] || !c->arg[3] || c->status != TMX_OK)
+            return c->status;
+        for (size_t r = 0; r < (size_t)s->n * heads[qk]; r++) {
+            const float *xr = x + r * s->hd;
+            double ss = 0, inv = 1;
+            for (int i = 0; i < s->hd; i++) ss += (double)xr[i] * xr[i];
+            if (normed) inv = 1 / sqrt(ss / s->hd + EPS);
+            for (int i = 0; i < s->hd; i++) row[i] = xr[i] * inv * (w ? w[i] : 1);
+            const double p = pos[r / heads[qk]];
+            for (int i = 0; i < half; i++) {
+                const double a = p * inv_freq[i];
+                ref[r * s->hd + i] = row[i] * cos(a) - row[i + half] * sin(a);
+                ref[r * s->hd + i + half] = row[i + half] * cos(a) + row[i] * sin(a);
+            }
+        }
+    }
+    return TMX_OK;
+}
+
+static void qk_norm_rope_run(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    const int none = s->flags & NO_WEIGHT;
+    c->ops->qk_norm_rope(c->ctx, c->arg[0], c->arg[1], none ? NULL : &c->wm[0],
+                         none ? NULL : &c->w, c->arg[2], c->arg[3], s->n, s->heads, s->kv_heads,
+                         s->hd, EPS);
+}
+
+static void qk_norm_rope_parts(struct tmx_conform_case *c) {
+    const struct spec *s = c->s;
+    if (!(s->flags & NO_WEIGHT)) {
+        c->ops->rmsnorm(c->ctx, c->arg[0], c->arg[0], &c->wm[0], s->n * s->heads, s->hd, EPS);
+        c->ops->rmsnorm(c->ctx, c->arg[1], c->arg[1], &c->w, s->n * s->kv_heads, s->hd, EPS);
+    }
+    c->ops->rope(c->ctx, c->arg[0], c->arg[2], c->arg[3], s->n, s->heads, s->hd);
+    c->ops->rope(c->ctx, c->arg[1], c->arg[2], c->arg[3], s->n, s->kv_heads, s->hd);
 }
 
 static void rope_run(struct tmx_conform_case *c) {
@@ -1148,6 +1208,8 @@ static const struct {
                        logit_edit_new, logit_edit_run},
     [OP_ADD_RMSNORM] = {"add_rmsnorm", offsetof(struct tmx_kernels_i, add_rmsnorm), 1e-5,
                         add_rmsnorm_new, add_rmsnorm_run, add_rmsnorm_parts},
+    [OP_QK_NORM_ROPE] = {"qk_norm_rope", offsetof(struct tmx_kernels_i, qk_norm_rope), 1e-5,
+                         qk_norm_rope_new, qk_norm_rope_run, qk_norm_rope_parts},
 };
 
 /* Whether the set's table is large enough to hold the op and the op is non-NULL. */

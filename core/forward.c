@@ -588,6 +588,25 @@ static void add_norm(struct tmx_model *m, const float *a, const struct tmx_tenso
     op->rmsnorm(m->k->ctx, kv->x, kv->h, w, n, D, eps);
 }
 
+/* Attention's input heads of layer ly in place: kv->q and kv->kk normed per head (where the
+ * layer has q_norm / k_norm), then rotated at kv->pos; one op where the set has qk_norm_rope. */
+static void qk_rope(struct tmx_model *m, const struct layer *ly, const float *freqs, int n) {
+    const struct tmx_kernels_i *op = m->k->ops;
+    struct kv_state *kv = m->kv;
+    void *kc = m->k->ctx;
+    const int hq = m->tp.hq, hkv = m->tp.hkv, hd = m->cfg.head_dim;
+    const float eps = (float)m->cfg.rms_norm_eps;
+    if (TMX_OPS_HAS(op, qk_norm_rope)) {
+        op->qk_norm_rope(kc, kv->q, kv->kk, opt(&ly->q_norm), opt(&ly->k_norm), kv->pos, freqs,
+                         n, hq, hkv, hd, eps);
+        return;
+    }
+    if (ly->q_norm.data) op->rmsnorm(kc, kv->q, kv->q, &ly->q_norm, n * hq, hd, eps);
+    if (ly->k_norm.data) op->rmsnorm(kc, kv->kk, kv->kk, &ly->k_norm, n * hkv, hd, eps);
+    op->rope(kc, kv->q, kv->pos, freqs, n, hq, hd);
+    op->rope(kc, kv->kk, kv->pos, freqs, n, hkv, hd);
+}
+
 /* One step over n tokens already in kv->tok, pos, seq and the groups' slots and tables, from
  * n_seqs sequences. Leaves the final hidden states (before the final norm) in kv->h. Each
  * all-reduce sums the ranks' partial results of a split weight: the embedding's rows, the
@@ -600,7 +619,7 @@ static enum tmx_status forward_step(struct tmx_model *m, int n, enum tmx_status 
     const struct tmx_kernels_i *op = m->k->ops;
     struct kv_state *kv = m->kv;
     void *kc = m->k->ctx;
-    const int D = c->hidden, hq = m->tp.hq, hkv = m->tp.hkv, hd = c->head_dim;
+    const int D = c->hidden, hq = m->tp.hq, hd = c->head_dim;
     const float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)hd);
     enum tmx_status st;
 
@@ -615,11 +634,7 @@ static enum tmx_status forward_step(struct tmx_model *m, int n, enum tmx_status 
         /* attention over this rank's heads, on kv->x = its input norm of kv->h */
         matmuls(m, (float *[]){kv->q, kv->kk, kv->vv}, kv->x,
                 (const struct tmx_tensor *[]){&ly->wq, &ly->wk, &ly->wv}, 3, n);
-        if (ly->q_norm.data) op->rmsnorm(kc, kv->q, kv->q, &ly->q_norm, n * hq, hd, eps);
-        if (ly->k_norm.data) op->rmsnorm(kc, kv->kk, kv->kk, &ly->k_norm, n * hkv, hd, eps);
-        const float *freqs = c->sliding[l] ? m->inv_freq_local : m->inv_freq_full;
-        op->rope(kc, kv->q, kv->pos, freqs, n, hq, hd);
-        op->rope(kc, kv->kk, kv->pos, freqs, n, hkv, hd);
+        qk_rope(m, ly, c->sliding[l] ? m->inv_freq_local : m->inv_freq_full, n);
         op->kv_store(kc, &kv->cache[l], kv->kk, kv->vv, gr->slot, n);
         op->attention(kc, kv->att, kv->q, &kv->cache[l], gr->tables, kv->max_blocks, kv->seq,
                       kv->pos, n, hq, gr->window, scale);

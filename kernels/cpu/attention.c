@@ -1,4 +1,4 @@
-/* attention.c: rope, kv_store and causal GQA attention over the paged KV cache.
+/* attention.c: rope, qk_norm_rope, kv_store and causal GQA attention over the paged KV cache.
  *
  * The cache is a pool of blocks of block_size rows; row r of block b is slot b * block_size + r,
  * and each slot holds [hkv][hd] keys (and values) in F32, BF16, F8_E4M3 or I8. F8 and I8 rows
@@ -29,25 +29,31 @@ struct rope_job {
     int64_t heads, hd;
 };
 
-/* One token: the angles in double (pos * inv_freq reaches thousands of radians, where a float
- * angle is off by 1e-4), then each head's pairs (i, i + hd/2) rotated. */
-static void rope_task(void *arg, int64_t t) {
-    const struct rope_job *j = arg;
-    int64_t half = j->hd / 2;
+/* One token's heads x [heads][hd] at position pos: the angles in double (pos * inv_freq
+ * reaches thousands of radians, where a float angle is off by 1e-4), then each head's pairs
+ * (i, i + hd/2) rotated. */
+static void rope_token(float *x, int64_t heads, int64_t hd, int32_t pos,
+                       const float *inv_freq) {
+    int64_t half = hd / 2;
     float cs[CPU_MAX_HEAD_DIM / 2], sn[CPU_MAX_HEAD_DIM / 2];
     for (int64_t i = 0; i < half; i++) {
-        double a = (double)j->pos[t] * j->inv_freq[i];
+        double a = (double)pos * inv_freq[i];
         cs[i] = (float)cos(a);
         sn[i] = (float)sin(a);
     }
-    for (int64_t h = 0; h < j->heads; h++) {
-        float *v = j->x + (t * j->heads + h) * j->hd;
+    for (int64_t h = 0; h < heads; h++) {
+        float *v = x + h * hd;
         for (int64_t i = 0; i < half; i++) {
             float a = v[i], b = v[i + half];
             v[i] = a * cs[i] - b * sn[i];
             v[i + half] = b * cs[i] + a * sn[i];
         }
     }
+}
+
+static void rope_task(void *arg, int64_t t) {
+    const struct rope_job *j = arg;
+    rope_token(j->x + t * j->heads * j->hd, j->heads, j->hd, j->pos[t], j->inv_freq);
 }
 
 void cpu_rope(void *ctx, float *x, const int32_t *pos, const float *inv_freq, int n, int heads,
@@ -60,6 +66,49 @@ void cpu_rope(void *ctx, float *x, const int32_t *pos, const float *inv_freq, in
     }
     struct rope_job j = {x, pos, inv_freq, heads, hd};
     cpu_pool_run(c->pool, n, rope_task, &j);
+}
+
+/* --- qk_norm_rope: each head's norm, then rope, for q and k -------------------------------- */
+
+struct qk_rope_job {
+    float *q, *k;           /* [n][hq][hd], [n][hkv][hd] */
+    const float *qw, *kw;   /* [hd] norm weights as F32 (NULL: weight 1) */
+    int q_normed, k_normed; /* whether each has a norm */
+    const int32_t *pos;
+    const float *inv_freq;
+    int64_t hq, hkv, hd;
+    float eps;
+};
+
+/* One token: its heads normed as rmsnorm norms rows, then rotated as rope rotates them. */
+static void qk_rope_task(void *arg, int64_t t) {
+    const struct qk_rope_job *j = arg;
+    float *q = j->q + t * j->hq * j->hd, *k = j->k + t * j->hkv * j->hd;
+    for (int64_t h = 0; j->q_normed && h < j->hq; h++)
+        cpu_rmsnorm_row(q + h * j->hd, q + h * j->hd, j->qw, (int)j->hd, j->eps);
+    for (int64_t h = 0; j->k_normed && h < j->hkv; h++)
+        cpu_rmsnorm_row(k + h * j->hd, k + h * j->hd, j->kw, (int)j->hd, j->eps);
+    rope_token(q, j->hq, j->hd, j->pos[t], j->inv_freq);
+    rope_token(k, j->hkv, j->hd, j->pos[t], j->inv_freq);
+}
+
+void cpu_qk_norm_rope(void *ctx, float *q, float *k, const struct tmx_tensor *q_norm,
+                      const struct tmx_tensor *k_norm, const int32_t *pos,
+                      const float *inv_freq, int n, int hq, int hkv, int hd, float eps) {
+    static const char *const what[2] = {"q_norm", "k_norm"};
+    struct cpu_ctx *c = ctx;
+    const float *qw, *kw;
+    if (!check_heads(c, "qk_norm_rope", n, hq, hd) ||
+        !check_heads(c, "qk_norm_rope", n, hkv, hd) ||
+        !cpu_pair_f32(c, "qk_norm_rope", what, q_norm, k_norm, hd, &qw, &kw))
+        return;
+    if (hd % 2) {
+        cpu_fail(c, TMX_ERR_INVALID, "qk_norm_rope: head_dim %d is odd", hd);
+        return;
+    }
+    struct qk_rope_job j = {q, k, qw, kw, q_norm != NULL, k_norm != NULL, pos, inv_freq,
+                            hq, hkv, hd, eps};
+    cpu_pool_run(c->pool, n, qk_rope_task, &j);
 }
 
 /* --- the paged cache ------------------------------------------------------------------------ */

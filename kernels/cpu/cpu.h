@@ -147,6 +147,12 @@ void cpu_rmsnorm(void *ctx, float *out, const float *x, const struct tmx_tensor 
 /* 1 / sqrt(mean(x^2) + eps), accumulated in double in a fixed order. */
 float cpu_rms_inv(const float *x, int d, float eps);
 void cpu_rmsnorm_row(float *out, const float *x, const float *w, int d, float eps);
+/* The F32 views of two weight vectors of d (either NULL; what[] names them in messages), as
+ * rmsnorm's weight gets one: converted copies share one scratch block. 0 (failure recorded) on
+ * a bad weight. */
+int cpu_pair_f32(struct cpu_ctx *c, const char *op, const char *const what[2],
+                 const struct tmx_tensor *g, const struct tmx_tensor *w, int64_t d,
+                 const float **gf, const float **wf);
 void cpu_swiglu(void *ctx, float *out, const float *gate, const float *up, int64_t count);
 void cpu_add_gated(void *ctx, float *h, const float *a, const struct tmx_tensor *g, int rows,
                    int d);
@@ -158,6 +164,9 @@ void cpu_logit_edit(void *ctx, float *x, const struct tmx_logit_edit *edits,
                     const int32_t *starts, int rows, int ld, int lo, int d);
 void cpu_add_rmsnorm(void *ctx, float *out, float *h, const float *a, const struct tmx_tensor *g,
                      const struct tmx_tensor *w, int rows, int d, float eps);
+void cpu_qk_norm_rope(void *ctx, float *q, float *k, const struct tmx_tensor *q_norm,
+                      const struct tmx_tensor *k_norm, const int32_t *pos,
+                      const float *inv_freq, int n, int hq, int hkv, int hd, float eps);
 
 /* attention.c */
 void cpu_rope(void *ctx, float *x, const int32_t *pos, const float *inv_freq, int n, int heads,

@@ -240,6 +240,7 @@ static const struct tmx_kernels_i cpu_ops = {
     .topk = cpu_topk,
     .logit_edit = cpu_logit_edit,
     .add_rmsnorm = cpu_add_rmsnorm,
+    .qk_norm_rope = cpu_qk_norm_rope,
 };
 
 static const struct tmx_option cpu_options[] = {

@@ -168,12 +168,10 @@ void cpu_add_gated(void *ctx, float *h, const float *a, const struct tmx_tensor 
     cpu_pool_run(c->pool, n_tasks(rows, j.per), add_gated_task, &j);
 }
 
-/* The F32 views of a gate and a norm weight of d (either NULL), as weight_f32 gives one: the
- * converted copies share one scratch block. 0 (failure recorded) on a bad weight. */
-static int pair_f32(struct cpu_ctx *c, const char *op, const struct tmx_tensor *g,
-                    const struct tmx_tensor *w, int64_t d, const float **gf, const float **wf) {
+int cpu_pair_f32(struct cpu_ctx *c, const char *op, const char *const what[2],
+                 const struct tmx_tensor *g, const struct tmx_tensor *w, int64_t d,
+                 const float **gf, const float **wf) {
     const struct tmx_tensor *t[2] = {g, w};
-    const char *what[2] = {"gate", "weight"};
     const float **view[2] = {gf, wf};
     float *f = NULL;
     for (int i = 0; i < 2; i++) {
@@ -196,7 +194,9 @@ void cpu_add_rmsnorm(void *ctx, float *out, float *h, const float *a, const stru
                      const struct tmx_tensor *w, int rows, int d, float eps) {
     struct cpu_ctx *c = ctx;
     const float *gf, *wf;
-    if (!check_rows(c, "add_rmsnorm", rows, d) || !pair_f32(c, "add_rmsnorm", g, w, d, &gf, &wf))
+    static const char *const what[2] = {"gate", "weight"};
+    if (!check_rows(c, "add_rmsnorm", rows, d) ||
+        !cpu_pair_f32(c, "add_rmsnorm", what, g, w, d, &gf, &wf))
         return;
     struct add_gated_job j = {h, a, gf, rows, d, per_task(d), out, wf, eps};
     cpu_pool_run(c->pool, n_tasks(rows, j.per), add_gated_task, &j);

@@ -1,4 +1,4 @@
-/* attention.cu: rope, kv_store and causal GQA attention over the paged KV cache.
+/* attention.cu: rope, qk_norm_rope, kv_store and causal GQA attention over the paged KV cache.
  *
  * The cache holds F32, BF16, F8_E4M3 or I8 rows; the two 8-bit formats carry one F32 scale per
  * (slot, KV head). A warp owns one head row of hd <= CU_MAX_HEAD_DIM elements, lane l holding
@@ -19,8 +19,24 @@ static int check_heads(struct cu_ctx *c, const char *op, int n, int heads, int h
 
 /* --- rope ----------------------------------------------------------------------------------- */
 
-/* A thread per (token, pair i): the angle in double (pos * inv_freq reaches thousands of
- * radians, where a float angle is off by 1e-4), then pair i of every head rotated. */
+/* Pair i of position p's rotation: the angle in double (pos * inv_freq reaches thousands of
+ * radians, where a float angle is off by 1e-4), its cosine and sine rounded to float. */
+__device__ __forceinline__ void rope_angle(int32_t p, float inv_freq, float *cs, float *sn) {
+    double s, co;
+    sincos((double)p * inv_freq, &s, &co);
+    *cs = (float)co;
+    *sn = (float)s;
+}
+
+/* Pair (v[i], v[i + half]) rotated, each product rounded before the sum (rope and
+ * qk_norm_rope give the same bits). */
+__device__ __forceinline__ void rope_pair(float *v, int i, int half, float cs, float sn) {
+    float a = v[i], b = v[i + half];
+    v[i] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+    v[i + half] = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
+}
+
+/* A thread per (token, pair i): pair i of every head rotated. */
 __global__ void rope_kernel(float *x, const int32_t *pos, const float *inv_freq, int n, int heads,
                             int hd, int *dev_err) {
     int half = hd / 2;
@@ -31,15 +47,9 @@ __global__ void rope_kernel(float *x, const int32_t *pos, const float *inv_freq,
         flag(dev_err, CU_DEV_POSITION);
         return;
     }
-    double s, co;
-    sincos((double)pos[t] * inv_freq[i], &s, &co);
-    float cs = (float)co, sn = (float)s;
-    for (int h = 0; h < heads; h++) {
-        float *v = x + ((int64_t)t * heads + h) * hd;
-        float a = v[i], b = v[i + half];
-        v[i] = a * cs - b * sn;
-        v[i + half] = b * cs + a * sn;
-    }
+    float cs, sn;
+    rope_angle(pos[t], inv_freq[i], &cs, &sn);
+    for (int h = 0; h < heads; h++) rope_pair(x + ((int64_t)t * heads + h) * hd, i, half, cs, sn);
 }
 
 extern "C" void cu_rope(void *ctx, float *x, const int32_t *pos, const float *inv_freq, int n,
@@ -55,6 +65,65 @@ extern "C" void cu_rope(void *ctx, float *x, const int32_t *pos, const float *in
     rope_kernel<<<blocks_for(count, 128), 128, 0, c->stream>>>(x, pos, inv_freq, n, heads, hd,
                                                                 c->dev_err);
     cu_check_launch(c, "rope");
+}
+
+/* --- qk_norm_rope ------------------------------------------------------------------------------ */
+
+/* A block per (token, head) of q then k: the head's row normed as rmsnorm_kernel norms a row
+ * (same threads, so the same sums), then its pairs rotated as rope_kernel rotates them. */
+template <int DT>
+__global__ void qk_norm_rope_kernel(float *q, float *k, const void *qw, const void *kw,
+                                    int q_normed, int k_normed, const int32_t *pos,
+                                    const float *inv_freq, int hq, int hkv, int hd, float eps,
+                                    int *dev_err) {
+    __shared__ float red[32];
+    const int t = blockIdx.x / (hq + hkv), h = blockIdx.x % (hq + hkv), half = hd / 2;
+    const int is_q = h < hq;
+    float *v = is_q ? q + ((int64_t)t * hq + h) * hd : k + ((int64_t)t * hkv + h - hq) * hd;
+    if (is_q ? q_normed : k_normed) {
+        rms_row<DT>(v, v, is_q ? qw : kw, hd, eps, red);
+        __syncthreads(); /* a pair's two elements belong to different threads */
+    }
+    if (pos[t] < 0) {
+        if (threadIdx.x == 0) flag(dev_err, CU_DEV_POSITION);
+        return;
+    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float cs, sn;
+        rope_angle(pos[t], inv_freq[i], &cs, &sn);
+        rope_pair(v, i, half, cs, sn);
+    }
+}
+
+extern "C" void cu_qk_norm_rope(void *ctx, float *q, float *k, const struct tmx_tensor *q_norm,
+                                const struct tmx_tensor *k_norm, const int32_t *pos,
+                                const float *inv_freq, int n, int hq, int hkv, int hd,
+                                float eps) {
+    struct cu_ctx *c = (struct cu_ctx *)ctx;
+    if (q_norm && k_norm && q_norm->dtype != k_norm->dtype) { /* one weight dtype a kernel */
+        cu_rmsnorm(ctx, q, q, q_norm, n * hq, hd, eps);
+        cu_rmsnorm(ctx, k, k, k_norm, n * hkv, hd, eps);
+        cu_rope(ctx, q, pos, inv_freq, n, hq, hd);
+        cu_rope(ctx, k, pos, inv_freq, n, hkv, hd);
+        return;
+    }
+    if (!cu_enter(c, "qk_norm_rope") || !check_heads(c, "qk_norm_rope", n, hq, hd) ||
+        !check_heads(c, "qk_norm_rope", n, hkv, hd) ||
+        (q_norm && !cu_check_weight(c, "qk_norm_rope", "q_norm", q_norm, 1, hd, 0)) ||
+        (k_norm && !cu_check_weight(c, "qk_norm_rope", "k_norm", k_norm, 1, hd, 0)))
+        return;
+    if (hd % 2) {
+        cu_fail(c, TMX_ERR_INVALID, "qk_norm_rope: head_dim %d is odd", hd);
+        return;
+    }
+    if (n == 0) return;
+    const unsigned blocks = (unsigned)((int64_t)n * (hq + hkv));
+    CU_DISPATCH_W(q_norm ? q_norm->dtype : k_norm ? k_norm->dtype : TMX_DTYPE_F32,
+                  (qk_norm_rope_kernel<DT><<<blocks, rms_threads(hd), 0, c->stream>>>(
+                      q, k, q_norm ? q_norm->data : NULL, k_norm ? k_norm->data : NULL,
+                      q_norm != NULL, k_norm != NULL, pos, inv_freq, hq, hkv, hd, eps,
+                      c->dev_err)));
+    cu_check_launch(c, "qk_norm_rope");
 }
 
 /* --- the cache's number formats ------------------------------------------------------------- */

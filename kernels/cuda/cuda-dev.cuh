@@ -98,6 +98,24 @@ template <typename T> __device__ __forceinline__ T block_sum(T v, T *red) {
     return warp_sum(v);
 }
 
+/* A block's row xr normed into yr. The row is read twice (sum of squares, then scale): it is
+ * in L1/L2 by then, and yr may alias xr since each element is read before it is written by
+ * its thread. Thread i takes elements i, i + blockDim.x, ... (add_rmsnorm and qk_norm_rope
+ * rely on it). */
+template <int DT>
+__device__ __forceinline__ void rms_row(float *yr, const float *xr, const void *w, int d,
+                                        float eps, float *red) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss = __fmaf_rn(xr[i], xr[i], ss);
+    ss = block_sum(ss, red);
+    float inv = rsqrtf(ss / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        yr[i] = xr[i] * inv * (w ? load_w<DT>(w, i) : 1.0f);
+}
+
+/* Threads of a block that norms rows of d. */
+static inline int rms_threads(int d) { return d >= 1024 ? 1024 : (d + 31) / 32 * 32; }
+
 /* Flags a bad value found in a device buffer; the first flag wins, sync reports it. */
 __device__ __forceinline__ void flag(int *dev_err, enum cu_dev_err code) {
     atomicCAS(dev_err, 0, (int)code);

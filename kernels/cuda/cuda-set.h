@@ -94,6 +94,9 @@ void cu_logit_edit(void *ctx, float *x, const struct tmx_logit_edit *edits,
                    const int32_t *starts, int rows, int ld, int lo, int d);
 void cu_add_rmsnorm(void *ctx, float *out, float *h, const float *a, const struct tmx_tensor *g,
                     const struct tmx_tensor *w, int rows, int d, float eps);
+void cu_qk_norm_rope(void *ctx, float *q, float *k, const struct tmx_tensor *q_norm,
+                     const struct tmx_tensor *k_norm, const int32_t *pos, const float *inv_freq,
+                     int n, int hq, int hkv, int hd, float eps);
 
 /* matmul.cu */
 void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_tensor *w, int n);

@@ -374,6 +374,7 @@ static const struct tmx_kernels_i cu_ops = {
     .topk = cu_topk,
     .logit_edit = cu_logit_edit,
     .add_rmsnorm = cu_add_rmsnorm,
+    .qk_norm_rope = cu_qk_norm_rope,
 };
 
 static const struct tmx_option cu_options[] = {

@@ -45,23 +45,6 @@ extern "C" void cu_embed(void *ctx, float *out, const struct tmx_tensor *table, 
 
 /* --- rmsnorm -------------------------------------------------------------------------------- */
 
-/* A block's row xr normed into yr. The row is read twice (sum of squares, then scale): it is
- * in L1/L2 by then, and yr may alias xr since each element is read before it is written by
- * its thread. Thread i takes elements i, i + blockDim.x, ... (add_rmsnorm relies on it). */
-template <int DT>
-__device__ __forceinline__ void rms_row(float *yr, const float *xr, const void *w, int d,
-                                        float eps, float *red) {
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) ss = __fmaf_rn(xr[i], xr[i], ss);
-    ss = block_sum(ss, red);
-    float inv = rsqrtf(ss / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x)
-        yr[i] = xr[i] * inv * (w ? load_w<DT>(w, i) : 1.0f);
-}
-
-/* Threads of a block that norms rows of d. */
-static int rms_threads(int d) { return d >= 1024 ? 1024 : (d + 31) / 32 * 32; }
-
 /* One block per row. */
 template <int DT>
 __global__ void rmsnorm_kernel(float *out, const float *x, const void *w, int d, float eps) {

@@ -48,7 +48,8 @@ echo "== conformance"
 conform_rc=0
 : > "$OUT/logs/conform.txt"
 for op in embed rmsnorm matmul rope kv_store attention moe_route moe_experts moe_experts_partial \
-    moe_combine swiglu add_gated add_rmsnorm gather argmax matmul_multi topk logit_edit; do
+    moe_combine swiglu add_gated add_rmsnorm qk_norm_rope gather argmax matmul_multi topk \
+    logit_edit; do
     "$bin/tmx" conform --kernels cuda --filter "$op/" --repeat 20 --json "$OUT/c-$op.json" \
         >> "$OUT/logs/conform.txt" 2>&1 || conform_rc=1
 done
@@ -56,7 +57,7 @@ cat "$OUT/logs/conform.txt"
 python3 - "$OUT" <<'EOF'
 import glob, json, sys
 parts = [json.load(open(p)) for p in sorted(glob.glob(f"{sys.argv[1]}/c-*.json"))]
-cases = [c for p in parts for c in p["cases"]]
+cases = list({c["name"]: c for p in parts for c in p["cases"]}.values())  # "rope/" also picks qk_norm_rope/
 doc = {"kernels": "cuda", "cases_run": len(cases), "failed": sum(not c["pass"] for c in cases),
        "cases": cases}
 json.dump(doc, open(f"{sys.argv[1]}/conform.json", "w"), indent=1)

@@ -244,6 +244,14 @@ struct tmx_kernels_i {
     void (*add_rmsnorm)(void *ctx, float *out, float *h, const float *a,
                         const struct tmx_tensor *g, const struct tmx_tensor *w, int rows, int d,
                         float eps);
+
+    /* (NULL: rmsnorm of each head, then rope, for q and for k) q [n][hq][hd] and k
+     * [n][hkv][hd] in place: each head row normed by q_norm / k_norm as rmsnorm norms it (NULL:
+     * not normed), then rotated as rope rotates it, at pos with inv_freq; bit for bit those
+     * ops. Attention's input in one launch. */
+    void (*qk_norm_rope)(void *ctx, float *q, float *k, const struct tmx_tensor *q_norm,
+                         const struct tmx_tensor *k_norm, const int32_t *pos,
+                         const float *inv_freq, int n, int hq, int hkv, int hd, float eps);
 };
 
 /* The most candidates topk gives a row. */
