@@ -102,46 +102,12 @@ static enum tmx_status cache_init(struct tmx_model *m, struct kv_state *kv, char
  * logits. */
 static int top_on_set(const struct tmx_model *m) { return TMX_OPS_HAS(m->k->ops, topk); }
 
-/* Whether a top step can edit its logits first (a request's logit bias and penalties). */
-static int edit_on_set(const struct tmx_model *m) {
-    return top_on_set(m) && TMX_OPS_HAS(m->k->ops, logit_edit);
-}
-
-/* Frees the decode graphs of one kind (the next step of that kind records them again). */
-static void graphs_drop(struct tmx_model *m, int kind) {
+void tmx_step_graphs_drop(struct tmx_model *m, int kind) {
     struct kv_state *kv = m->kv;
     const int G = kv->opt.max_seqs + 1;
     for (int i = kind * G; kv->graphs && i < (kind + 1) * G; i++)
         if (kv->graphs[i]) m->k->ops->graph_free(m->k->ctx, kv->graphs[i]);
     if (kv->graphs) memset(kv->graphs + kind * G, 0, (size_t)G * sizeof *kv->graphs);
-}
-
-/* Bytes of kv->edit_msg (and edit_dev) that n edits take, their starts included. */
-static size_t edit_bytes(const struct kv_state *kv, int n) {
-    return ((size_t)kv->opt.max_seqs + 1) * sizeof(int32_t) +
-           (size_t)n * sizeof(struct tmx_logit_edit);
-}
-
-/* Room for n logit edits in kv->edit_msg and kv->edit_dev (each rank), grown by doubling; the
- * edited graphs, which hold edit_dev's address, go when it moves. */
-static enum tmx_status edits_reserve(struct tmx_model *m, int n, char **err) {
-    struct kv_state *kv = m->kv;
-    if (n <= kv->edit_cap) return TMX_OK;
-    int cap = kv->edit_cap ? kv->edit_cap : 1024;
-    while (cap < n) cap = cap > INT32_MAX / 2 ? n : 2 * cap;
-    const size_t bytes = edit_bytes(kv, cap);
-    int32_t *msg = realloc(kv->edit_msg, bytes);
-    if (!msg) return tmx_err(err, TMX_ERR_NOMEM, "out of memory for %d logit edits", n);
-    kv->edit_msg = msg;
-    if (!kv->edit_seen && !(kv->edit_seen = calloc((size_t)m->cfg.vocab_size, 1)))
-        return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
-    graphs_drop(m, GRAPH_TOP_EDITED);
-    dev_free(m, kv->edit_dev);
-    kv->edit_dev = NULL;
-    kv->edit_cap = 0;
-    enum tmx_status st = dev_alloc(m, &kv->edit_dev, bytes, err);
-    if (st == TMX_OK) kv->edit_cap = cap;
-    return st;
 }
 
 static enum tmx_status step_buffers_init(struct tmx_model *m, struct kv_state *kv, char **err) {
@@ -262,7 +228,7 @@ void tmx_model_kv_free(struct tmx_model *m) {
         dev_free(m, kv->cache[l].k_scale);
         dev_free(m, kv->cache[l].v_scale);
     }
-    for (int kind = 0; kind < N_GRAPHS; kind++) graphs_drop(m, kind);
+    for (int kind = 0; kind < N_GRAPHS; kind++) tmx_step_graphs_drop(m, kind);
     free(kv->graphs);
     void *bufs[] = {kv->tok, kv->pos, kv->seq, kv->rows, kv->h, kv->x, kv->o, kv->q, kv->att,
                     kv->kk, kv->vv, kv->f1, kv->f2, kv->rl, kv->rw, kv->rid, kv->z, kv->y,
@@ -687,14 +653,14 @@ static enum tmx_status run_step(struct tmx_model *m, const struct step_head *h, 
     if (h->pick == PICK_TOP) {
         st = op->buf_write(kc, kv->temps, a->temps, (size_t)n_rows * sizeof *a->temps);
         if (st == TMX_OK && h->n_edits)
-            st = op->buf_write(kc, kv->edit_dev, kv->edit_msg, edit_bytes(kv, h->n_edits));
+            st = op->buf_write(kc, kv->edit_dev, kv->edit_msg, tmx_step_edit_bytes(kv, h->n_edits));
         if (st != TMX_OK) return st;
     }
     if (decode && kv->graphs) { /* one rank: nothing fails and runs on */
         const int G = kv->opt.max_seqs + 1;
         const int kind = !on_set ? PICK_LOGITS : h->n_edits ? GRAPH_TOP_EDITED : h->pick;
         if (on_set && kv->graph_vocab[kind] != h->n_vocab) { /* another tokenizer's width */
-            graphs_drop(m, kind);
+            tmx_step_graphs_drop(m, kind);
             kv->graph_vocab[kind] = h->n_vocab;
         }
         void **graph = &kv->graphs[n + kind * G];
@@ -795,14 +761,6 @@ static enum tmx_status agree(struct tmx_model *m, enum tmx_status st, char **err
     return st;
 }
 
-/* A step's logit edits (kv->edit_msg) from rank 0 to the followers, which made room for them
- * (tmx_model_follow). */
-static enum tmx_status edits_broadcast(struct tmx_model *m, const struct step_head *h,
-                                       char **err) {
-    struct kv_state *kv = m->kv;
-    return tmx_comm_broadcast(m->tp.ctl, kv->edit_msg, edit_bytes(kv, h->n_edits), 0, err);
-}
-
 /* Rank 0 hands the step in h and kv->msg to the followers. */
 static enum tmx_status share(struct tmx_model *m, struct step_head *h, char **err) {
     if (m->tp.n == 1) return TMX_OK;
@@ -812,7 +770,7 @@ static enum tmx_status share(struct tmx_model *m, struct step_head *h, char **er
     if (st == TMX_OK && h->cmd == CMD_STEP)
         st = tmx_comm_broadcast(m->tp.ctl, m->kv->msg, count * 4, 0, err);
     if (st == TMX_OK && h->cmd == CMD_STEP && h->n_edits)
-        st = edits_broadcast(m, h, err);
+        st = tmx_step_edits_broadcast(m, h, err);
     return st;
 }
 
@@ -923,39 +881,7 @@ int tmx_model_can_top(const struct tmx_model *m) {
 }
 
 int tmx_model_can_edit(const struct tmx_model *m) {
-    return tmx_model_can_top(m) && edit_on_set(m);
-}
-
-/* A top step's edits: starts ascending from 0, ids in [0, n_vocab), none twice in a row. Makes
- * room for them (rank 0; the followers make theirs when the step comes). */
-static enum tmx_status edits_check(struct tmx_model *m, const int32_t *starts,
-                                   const struct tmx_logit_edit *edits, int n_seqs, int n_vocab,
-                                   char **err) {
-    if (!edit_on_set(m))
-        return tmx_err(err, TMX_ERR_UNSUPPORTED, "top step: kernel set %s cannot edit logits "
-                       "(logit_edit, ABI 2.5)", m->k->plugin->name);
-    if (starts[0] != 0)
-        return tmx_err(err, TMX_ERR_INVALID, "top step: edit_starts[0] = %d, not 0", starts[0]);
-    for (int i = 0; i < n_seqs; i++)
-        if (starts[i + 1] < starts[i])
-            return tmx_err(err, TMX_ERR_INVALID, "top step: edit_starts[%d] = %d is below "
-                           "edit_starts[%d] = %d", i + 1, starts[i + 1], i, starts[i]);
-    enum tmx_status st = edits_reserve(m, starts[n_seqs], err);
-    unsigned char *seen = m->kv->edit_seen;
-    for (int i = 0; st == TMX_OK && i < n_seqs; i++) {
-        int j = starts[i];
-        for (; j < starts[i + 1]; j++) {
-            const int32_t id = edits[j].id;
-            if (id < 0 || id >= n_vocab || seen[id]) break;
-            seen[id] = 1;
-        }
-        if (j < starts[i + 1])
-            st = tmx_err(err, TMX_ERR_INVALID, "top step: edit %d of sequence %d: id %d %s", j,
-                         i, edits[j].id, edits[j].id < 0 || edits[j].id >= n_vocab
-                         ? "outside the vocabulary" : "edited twice");
-        for (int k = starts[i]; k < j; k++) seen[edits[k].id] = 0;
-    }
-    return st;
+    return tmx_model_can_top(m) && tmx_step_can_edit(m);
 }
 
 enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *seqs,
@@ -974,7 +900,7 @@ enum tmx_status tmx_model_step_top(struct tmx_model *m, struct tmx_seq *const *s
             return tmx_err(err, TMX_ERR_INVALID, "top step: temperature %g of sequence %d is "
                            "not positive", temps[i], i);
     if (edit_starts && n_seqs >= 1 && n_seqs <= m->kv->opt.max_seqs) {
-        enum tmx_status st = edits_check(m, edit_starts, edits, n_seqs, n_vocab, err);
+        enum tmx_status st = tmx_step_edits_check(m, edit_starts, edits, n_seqs, n_vocab, err);
         if (st != TMX_OK) return st;
     }
     const struct step_out out = {.temps = temps, .edit_starts = edit_starts, .edits = edits,
@@ -1045,7 +971,7 @@ enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
             h.n_seqs > kv->opt.max_seqs || h.n_rows < 1 || h.n_rows > h.n || h.pick < 0 ||
             h.pick >= N_PICKS || (h.pick == PICK_TOP && !top_on_set(m)) || h.n_vocab < 0 ||
             h.n_vocab > m->cfg.vocab_size || h.n_edits < 0 ||
-            (h.n_edits && (h.pick != PICK_TOP || !edit_on_set(m))))
+            (h.n_edits && (h.pick != PICK_TOP || !tmx_step_can_edit(m))))
             return tmx_err(err, TMX_ERR_INVALID, "rank %d: a step from rank 0 with command "
                            "%d, %d tokens, %d sequences, %d rows does not fit this rank's "
                            "cache (were all ranks set up alike?)", m->tp.rank, (int)h.cmd,
@@ -1054,8 +980,8 @@ enum tmx_status tmx_model_follow(struct tmx_model *m, char **err) {
         const size_t count = step_arrays(kv, &h, &a);
         if ((st = tmx_comm_broadcast(m->tp.ctl, kv->msg, count * 4, 0, err)) != TMX_OK)
             return st;
-        if (h.n_edits && ((st = edits_reserve(m, h.n_edits, err)) != TMX_OK ||
-                          (st = edits_broadcast(m, &h, err)) != TMX_OK))
+        if (h.n_edits && ((st = tmx_step_edits_reserve(m, h.n_edits, err)) != TMX_OK ||
+                          (st = tmx_step_edits_broadcast(m, &h, err)) != TMX_OK))
             return st;
         char *ferr = NULL;
         const struct step_out none = {0};

@@ -129,8 +129,8 @@ static void top_add(struct tmx_serve *s, int *k, int want, int32_t id, float lp)
 }
 
 /* Whether r's sampler reads nothing but its logits over the tokenizer's ids (no logit bias or
- * penalties), so that a step can pick its next token where the logits are: from their first
- * candidates (tmx_model_step_top), and when greedy without logprobs, their argmax. */
+ * penalties): its steps edit no logits, and when greedy without logprobs can take their
+ * argmax where the logits are. */
 static int plain(const struct request *r) {
     const struct tmx_request_params *p = &r->p;
     return p->n_bias == 0 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&

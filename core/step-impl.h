@@ -116,6 +116,34 @@ struct step_out {
     double *top_stat;
 };
 
+/* --- forward.c ------------------------------------------------------------------------------ */
+
+/* Frees the decode graphs of one kind (the next step of that kind records them again). */
+void tmx_step_graphs_drop(struct tmx_model *m, int kind);
+
+/* --- step-edit.c ---------------------------------------------------------------------------- */
+
+/* Whether the set can edit a top step's logits (topk and logit_edit). */
+int tmx_step_can_edit(const struct tmx_model *m);
+
+/* Bytes of kv->edit_msg (and edit_dev) that n edits take, their starts included. */
+size_t tmx_step_edit_bytes(const struct kv_state *kv, int n);
+
+/* Room for n edits in kv->edit_msg and kv->edit_dev (each rank), grown by doubling; the edited
+ * graphs go when edit_dev moves. */
+enum tmx_status tmx_step_edits_reserve(struct tmx_model *m, int n, char **err);
+
+/* Rank 0, a top step's edits (tmx_model_step_top): starts ascending from 0, ids in [0,
+ * n_vocab), none twice in a sequence; makes room for them (the followers make theirs when the
+ * step comes). */
+enum tmx_status tmx_step_edits_check(struct tmx_model *m, const int32_t *starts,
+                                     const struct tmx_logit_edit *edits, int n_seqs,
+                                     int n_vocab, char **err);
+
+/* A step's edits (kv->edit_msg) from rank 0 to the followers, which made room for them. */
+enum tmx_status tmx_step_edits_broadcast(struct tmx_model *m, const struct step_head *h,
+                                         char **err);
+
 /* --- step-out.c ----------------------------------------------------------------------------- */
 
 /* Reads the r rows of kv->logits (the step's rows from `done` on) out as h and out ask: logits,
