@@ -39,6 +39,7 @@ __device__ __forceinline__ void rope_pair(float *v, int i, int half, float cs, f
 /* A thread per (token, pair i): pair i of every head rotated. */
 __global__ void rope_kernel(float *x, const int32_t *pos, const float *inv_freq, int n, int heads,
                             int hd, int *dev_err) {
+    pdl_enter();
     int half = hd / 2;
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)n * half) return;
@@ -62,8 +63,8 @@ extern "C" void cu_rope(void *ctx, float *x, const int32_t *pos, const float *in
     }
     if (n == 0) return;
     int64_t count = (int64_t)n * (hd / 2);
-    rope_kernel<<<blocks_for(count, 128), 128, 0, c->stream>>>(x, pos, inv_freq, n, heads, hd,
-                                                                c->dev_err);
+    cu_launch(c, rope_kernel, blocks_for(count, 128), 128, 0, x, pos, inv_freq, n, heads, hd,
+              c->dev_err);
     cu_check_launch(c, "rope");
 }
 
@@ -76,6 +77,7 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const void *qw, const vo
                                     int q_normed, int k_normed, const int32_t *pos,
                                     const float *inv_freq, int hq, int hkv, int hd, float eps,
                                     int *dev_err) {
+    pdl_enter();
     __shared__ float red[32];
     const int t = blockIdx.x / (hq + hkv), h = blockIdx.x % (hq + hkv), half = hd / 2;
     const int is_q = h < hq;
@@ -119,10 +121,10 @@ extern "C" void cu_qk_norm_rope(void *ctx, float *q, float *k, const struct tmx_
     if (n == 0) return;
     const unsigned blocks = (unsigned)((int64_t)n * (hq + hkv));
     CU_DISPATCH_W(q_norm ? q_norm->dtype : k_norm ? k_norm->dtype : TMX_DTYPE_F32,
-                  (qk_norm_rope_kernel<DT><<<blocks, rms_threads(hd), 0, c->stream>>>(
-                      q, k, q_norm ? q_norm->data : NULL, k_norm ? k_norm->data : NULL,
-                      q_norm != NULL, k_norm != NULL, pos, inv_freq, hq, hkv, hd, eps,
-                      c->dev_err)));
+                  (cu_launch(c, qk_norm_rope_kernel<DT>, blocks, rms_threads(hd), 0, q, k,
+                             q_norm ? q_norm->data : NULL, k_norm ? k_norm->data : NULL,
+                             q_norm != NULL, k_norm != NULL, pos, inv_freq, hq, hkv, hd, eps,
+                             c->dev_err)));
     cu_check_launch(c, "qk_norm_rope");
 }
 
@@ -209,6 +211,7 @@ template <int KT>
 __global__ void __launch_bounds__(WARPS * 32)
 kv_store_kernel(struct tmx_kv_cache kv, const float *k, const float *v, const int32_t *slots,
                 int n, int *dev_err) {
+    pdl_enter();
     int64_t row = (int64_t)blockIdx.x * WARPS + threadIdx.x / 32;
     if (row >= (int64_t)n * kv.hkv) return;
     int t = (int)(row / kv.hkv), kvh = (int)(row % kv.hkv);
@@ -229,9 +232,8 @@ extern "C" void cu_kv_store(void *ctx, const struct tmx_kv_cache *kv, const floa
         !check_heads(c, "kv_store", n, kv->hkv, kv->hd) || n == 0)
         return;
     int64_t rows = (int64_t)n * kv->hkv;
-    CU_DISPATCH_KV(kv->dtype, (kv_store_kernel<KT><<<blocks_for(rows, WARPS), WARPS * 32, 0,
-                                                     c->stream>>>(*kv, k, v, slots, n,
-                                                                  c->dev_err)));
+    CU_DISPATCH_KV(kv->dtype, (cu_launch(c, kv_store_kernel<KT>, blocks_for(rows, WARPS),
+                                         WARPS * 32, 0, *kv, k, v, slots, n, c->dev_err)));
     cu_check_launch(c, "kv_store");
 }
 
@@ -261,6 +263,7 @@ struct attn_args {
 template <int KT, int W>
 __global__ void __launch_bounds__(W * 32)
 attention_kernel(struct tmx_kv_cache kv, struct attn_args a, int *dev_err) {
+    pdl_enter();
     __shared__ float s_m[W], s_l[W];
     __shared__ float s_acc[W][CU_MAX_HEAD_DIM]; /* [warp][hd] */
     const int64_t task = blockIdx.x;
@@ -354,12 +357,10 @@ extern "C" void cu_attention(void *ctx, float *out, const float *q, const struct
     struct attn_args a = {out, q, tables, seq, pos, max_blocks, n, hq, window, scale};
     const unsigned tasks = (unsigned)((int64_t)n * hq); /* a block each */
     if (tasks <= ATT_FEW_TASKS)
-        CU_DISPATCH_KV(kv->dtype,
-                       (attention_kernel<KT, ATT_WARPS_FEW><<<tasks, ATT_WARPS_FEW * 32, 0,
-                                                              c->stream>>>(*kv, a, c->dev_err)));
+        CU_DISPATCH_KV(kv->dtype, (cu_launch(c, attention_kernel<KT, ATT_WARPS_FEW>, tasks,
+                                             ATT_WARPS_FEW * 32, 0, *kv, a, c->dev_err)));
     else
-        CU_DISPATCH_KV(kv->dtype,
-                       (attention_kernel<KT, ATT_WARPS_MANY><<<tasks, ATT_WARPS_MANY * 32, 0,
-                                                               c->stream>>>(*kv, a, c->dev_err)));
+        CU_DISPATCH_KV(kv->dtype, (cu_launch(c, attention_kernel<KT, ATT_WARPS_MANY>, tasks,
+                                             ATT_WARPS_MANY * 32, 0, *kv, a, c->dev_err)));
     cu_check_launch(c, "attention");
 }

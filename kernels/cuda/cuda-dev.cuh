@@ -21,6 +21,35 @@ template <> __device__ __forceinline__ float load_w<TMX_DTYPE_F16>(const void *p
     return __half2float(__ldg((const __half *)p + i));
 }
 
+/* Programmatic dependent launch (sm_90 and later). Every kernel of this set begins here: it
+ * waits until the grid before it on the stream has finished and its writes are visible, then
+ * lets the next grid be scheduled, so that the next kernel's launch overlaps this one's run
+ * instead of following its end (a decode step is a chain of ~120 short kernels). */
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+/* kernel<<<grid, block, smem, c->stream>>>(args...), allowed to start while the kernel before
+ * it runs (c->pdl; cu_check_launch reports a failed launch). */
+template <typename... Params, typename... Args>
+static inline void cu_launch(const struct cu_ctx *c, void (*kernel)(Params...), dim3 grid,
+                             dim3 block, size_t smem, Args... args) {
+    cudaLaunchAttribute pdl;
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = &pdl;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 /* Calls F<DT>(args...) for a weight dtype known only at run time. */
 #define CU_DISPATCH_W(dt, call)                                                               \
     do {                                                                                      \

@@ -58,6 +58,7 @@ __device__ __forceinline__ int gemv_which(const gemv_set &s, int b) {
 template <int DT, int NT, bool VEC>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_kernel(const gemv_set ws, const float *x, int n, int k) {
+    pdl_enter();
     const int i = gemv_which(ws, blockIdx.x), m = ws.m[i];
     const void *w = ws.w[i];
     float *y = ws.y[i];
@@ -124,9 +125,9 @@ static void gemv_launch(struct cu_ctx *c, float *const *y, const float *x, const
     const gemv_set s = gemv_set_of(y, w, m, count, GEMV_WARPS);
     dim3 grid((unsigned)s.first[count], (unsigned)((n + NT - 1) / NT));
     if (k % 8 == 0 && aligned16(x, w, count))
-        gemv_kernel<DT, NT, true><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k);
+        cu_launch(c, gemv_kernel<DT, NT, true>, grid, GEMV_WARPS * 32, 0, s, x, n, k);
     else
-        gemv_kernel<DT, NT, false><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k);
+        cu_launch(c, gemv_kernel<DT, NT, false>, grid, GEMV_WARPS * 32, 0, s, x, n, k);
 }
 
 #define SK_ROWS 2    /* weight rows of a split-k block, whose GEMV_WARPS warps split k */
@@ -210,6 +211,7 @@ template <int DT> struct held<DT, false> {
 template <int DT, int NT, bool SHORT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, NT <= 4 ? 3 : 2)
 gemv_split_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k, int wpr_short) {
+    pdl_enter();
     __shared__ float red[GEMV_WARPS][SK_ROWS][NT];
     const int wpr = SHORT ? wpr_short : GEMV_WARPS;
     const int which = gemv_which(ws, blockIdx.x), m = ws.m[which];
@@ -280,11 +282,11 @@ static void gemv_pick(struct cu_ctx *c, float *const *y, const float *x, const v
         const gemv_set s = gemv_set_of(y, w, m, count, GEMV_WARPS / wpr * SK_ROWS);
         dim3 grid((unsigned)s.first[count], (unsigned)((n + NT - 1) / NT));
         if (wpr < GEMV_WARPS)
-            gemv_split_kernel<DT, NT, true><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k,
-                                                                                    wpr);
+            cu_launch(c, gemv_split_kernel<DT, NT, true>, grid, GEMV_WARPS * 32, 0, s, x, n, k,
+                      wpr);
         else
-            gemv_split_kernel<DT, NT, false><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k,
-                                                                                     wpr);
+            cu_launch(c, gemv_split_kernel<DT, NT, false>, grid, GEMV_WARPS * 32, 0, s, x, n, k,
+                      wpr);
     } else {
         gemv_launch<DT, NT>(c, y, x, w, m, count, n, k);
     }
@@ -335,6 +337,7 @@ __device__ __forceinline__ void e4m3_to_f32x(const uint32_t (&q)[N], float (&v)[
 template <int NT, bool VEC>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 2 ? 3 : 0)
 mxfp8_gemv_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k) {
+    pdl_enter();
     __shared__ float red[GEMV_WARPS][MX_ROWS][NT];
     const int which = gemv_which(ws, blockIdx.x), m = ws.m[which];
     const uint8_t *__restrict__ w = (const uint8_t *)ws.w[which];
@@ -406,9 +409,9 @@ static void mxfp8_gemv_launch(struct cu_ctx *c, float *const *y, const float *x,
     const gemv_set s = gemv_set_of(y, w, m, count, MX_ROWS);
     dim3 grid((unsigned)s.first[count], (unsigned)((n + NT - 1) / NT));
     if (((uintptr_t)x & 15) == 0)
-        mxfp8_gemv_kernel<NT, true><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k);
+        cu_launch(c, mxfp8_gemv_kernel<NT, true>, grid, GEMV_WARPS * 32, 0, s, x, n, k);
     else
-        mxfp8_gemv_kernel<NT, false><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(s, x, n, k);
+        cu_launch(c, mxfp8_gemv_kernel<NT, false>, grid, GEMV_WARPS * 32, 0, s, x, n, k);
 }
 
 /* gemv's for MXFP8 weights. */
@@ -423,6 +426,7 @@ static void mxfp8_gemv(struct cu_ctx *c, float *const *y, const float *x, const 
 /* MXFP8 [count / k][k] (codes, then scales) -> its BF16 values, as tmx_mxfp8_to_bf16: a thread
  * takes 16 codes (half a block). */
 __global__ void mxfp8_to_bf16_kernel(uint4 *out, const uint4 *w, int64_t count) {
+    pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count / 16) return;
     const uint4 c = w[i];
@@ -442,6 +446,7 @@ __global__ void mxfp8_to_bf16_kernel(uint4 *out, const uint4 *w, int64_t count) 
 /* x = hi + lo, both BF16: [count] F32 -> [count] BF16 twice. */
 __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x,
                                   int64_t count) {
+    pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     float v = x[i];
@@ -504,7 +509,7 @@ static int lt_matmul_bf16(struct cu_ctx *c, char *s, float *y, const float *x, c
     int64_t count = (int64_t)n * k;
     size_t half = align256((size_t)count * 2);
     __nv_bfloat16 *hi = (__nv_bfloat16 *)s, *lo = (__nv_bfloat16 *)(s + half);
-    split_bf16_kernel<<<blocks_for(count, 256), 256, 0, c->stream>>>(hi, lo, x, count);
+    cu_launch(c, split_bf16_kernel, blocks_for(count, 256), 256, 0, hi, lo, x, count);
     if (!cu_check_launch(c, "matmul")) return 1;
     if (!lt_matmul(c, CUDA_R_16BF, w, hi, y, n, m, k, 0.0f)) return 0;
     if (!lt_matmul(c, CUDA_R_16BF, w, lo, y, n, m, k, 1.0f))
@@ -537,8 +542,8 @@ extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_
             char *s = (char *)cu_scratch(c, split + align256((size_t)count * 2), "matmul");
             if (!s) return;
             const void *wb = s + split;
-            mxfp8_to_bf16_kernel<<<blocks_for(count / 16, 256), 256, 0, c->stream>>>(
-                (uint4 *)wb, (const uint4 *)w->data, count);
+            cu_launch(c, mxfp8_to_bf16_kernel, blocks_for(count / 16, 256), 256, 0, (uint4 *)wb,
+                      (const uint4 *)w->data, count);
             if (!cu_check_launch(c, "matmul") || lt_matmul_bf16(c, s, y, x, wb, n, m, k)) return;
             gemv<TMX_DTYPE_BF16>(c, &y, x, &wb, &m, 1, n, k);
         }

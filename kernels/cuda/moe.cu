@@ -22,6 +22,7 @@ __device__ __forceinline__ bool beats(pick a, pick b) {
 template <int DT>
 __global__ void route_kernel(int32_t *ids, float *weights, const float *logits, const void *bias,
                              int n_exp, int k, int softmax, int norm_topk, float scale) {
+    pdl_enter();
     extern __shared__ float sh[];
     float *s = sh, *key = sh + n_exp;
     unsigned char *used = (unsigned char *)(key + n_exp);
@@ -80,9 +81,9 @@ extern "C" void cu_moe_route(void *ctx, int32_t *ids, float *weights, const floa
     if ((bias && !cu_check_weight(c, "moe_route", "bias", bias, 1, n_exp, 0)) || n == 0) return;
     size_t shmem = (size_t)n_exp * (2 * sizeof(float) + 1);
     CU_DISPATCH_W(bias ? bias->dtype : TMX_DTYPE_F32,
-                  (route_kernel<DT><<<n, 32, shmem, c->stream>>>(
-                      ids, weights, logits, bias ? bias->data : NULL, n_exp, k,
-                      score == TMX_ROUTER_SOFTMAX, norm_topk, scale)));
+                  (cu_launch(c, route_kernel<DT>, n, 32, shmem, ids, weights, logits,
+                             bias ? bias->data : NULL, n_exp, k, score == TMX_ROUTER_SOFTMAX,
+                             norm_topk, scale)));
     cu_check_launch(c, "moe_route");
 }
 
@@ -122,6 +123,7 @@ __device__ __forceinline__ int local_expert(const struct experts_args &a, int64_
 template <int DT>
 __global__ void __launch_bounds__(256)
 experts_up_kernel(struct expert_ptrs w, struct experts_args a) {
+    pdl_enter();
     int64_t p = blockIdx.x;
     int i = blockIdx.y * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
     int e = local_expert(a, p);
@@ -151,6 +153,7 @@ __device__ __forceinline__ float load_any(const void *p, int dt, int64_t i) {
 template <int DT>
 __global__ void __launch_bounds__(DOWN_THREADS)
 experts_down_kernel(struct expert_ptrs w, struct experts_args a) {
+    pdl_enter();
     extern __shared__ float yrow[];
     __shared__ float red[32];
     int64_t p = blockIdx.x;
@@ -185,6 +188,7 @@ experts_down_kernel(struct expert_ptrs w, struct experts_args a) {
 
 /* out[t][d] = sum over slots j of y[t * k + j][d], in j order. */
 __global__ void experts_sum_kernel(struct experts_args a, int64_t count) {
+    pdl_enter();
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= count) return;
     int64_t t = idx / a.latent, d = idx % a.latent;
@@ -256,9 +260,9 @@ static void experts_run(struct cu_ctx *c, const char *op, const int32_t *ids, in
     a->eps = w->eps;
     dim3 up_grid((unsigned)pairs, (unsigned)((w->inter + 7) / 8));
     CU_DISPATCH_W(w->gate[0].dtype,
-                  (experts_up_kernel<DT><<<up_grid, 256, 0, c->stream>>>(ptrs, *a),
-                   experts_down_kernel<DT><<<(unsigned)pairs, DOWN_THREADS, shmem, c->stream>>>(
-                       ptrs, *a)));
+                  (cu_launch(c, experts_up_kernel<DT>, up_grid, 256, 0, ptrs, *a),
+                   cu_launch(c, experts_down_kernel<DT>, (unsigned)pairs, DOWN_THREADS, shmem,
+                             ptrs, *a)));
 }
 
 extern "C" void cu_moe_experts(void *ctx, float *out, const float *z, const int32_t *ids,
@@ -276,7 +280,7 @@ extern "C" void cu_moe_experts(void *ctx, float *out, const float *z, const int3
     experts_run(c, "moe_experts", ids, n, k, w, &a, &y);
     if (!y) return;
     int64_t count = (int64_t)n * w->latent;
-    experts_sum_kernel<<<blocks_for(count, 256), 256, 0, c->stream>>>(a, count);
+    cu_launch(c, experts_sum_kernel, blocks_for(count, 256), 256, 0, a, count);
     cu_check_launch(c, "moe_experts");
 }
 
@@ -299,6 +303,7 @@ extern "C" void cu_moe_experts_partial(void *ctx, float *ye, const float *z, con
 /* inv[p] = 1 / sqrt(mean(ye[p]^2) + eps). */
 __global__ void __launch_bounds__(256)
 combine_rms_kernel(const float *ye, int latent, float eps, float *inv) {
+    pdl_enter();
     __shared__ double red[32];
     int64_t p = blockIdx.x;
     const float *y = ye + p * latent;
@@ -312,6 +317,7 @@ combine_rms_kernel(const float *ye, int latent, float eps, float *inv) {
 __global__ void combine_kernel(float *out, const float *ye, const float *weights,
                                const float *inv, const void *post, int post_dt, int k,
                                int latent, int64_t count) {
+    pdl_enter();
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= count) return;
     int64_t t = idx / latent, d = idx % latent;
@@ -341,10 +347,10 @@ extern "C" void cu_moe_combine(void *ctx, float *out, const float *ye, const flo
     float *inv = NULL;
     if (post_norm) {
         if (!(inv = (float *)cu_scratch(c, (size_t)pairs * sizeof(float), "moe_combine"))) return;
-        combine_rms_kernel<<<(unsigned)pairs, 256, 0, c->stream>>>(ye, latent, eps, inv);
+        cu_launch(c, combine_rms_kernel, (unsigned)pairs, 256, 0, ye, latent, eps, inv);
     }
-    combine_kernel<<<blocks_for(count, 256), 256, 0, c->stream>>>(
-        out, ye, weights, inv, post_norm ? post_norm->data : NULL,
-        post_norm ? (int)post_norm->dtype : 0, k, latent, count);
+    cu_launch(c, combine_kernel, blocks_for(count, 256), 256, 0, out, ye, weights, inv,
+              post_norm ? post_norm->data : NULL, post_norm ? (int)post_norm->dtype : 0, k, latent,
+              count);
     cu_check_launch(c, "moe_combine");
 }

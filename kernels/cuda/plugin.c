@@ -153,9 +153,12 @@ static enum tmx_status cu_init(const struct tmx_host *host, const struct tmx_opt
                          cublasLtGetStatusString(bs));
     }
     struct cudaDeviceProp prop;
-    if (host->log && cudaGetDeviceProperties(&prop, c->device) == cudaSuccess)
-        host->log(TMX_LOG_INFO, "kernels.cuda: device %d: %s (sm_%d%d, %d SMs)", c->device,
-                  prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    if (cudaGetDeviceProperties(&prop, c->device) != cudaSuccess) prop.major = 0;
+    c->pdl = prop.major >= 9 && (!host->opt_bool || host->opt_bool(opts, "pdl"));
+    if (host->log && prop.major)
+        host->log(TMX_LOG_INFO, "kernels.cuda: device %d: %s (sm_%d%d, %d SMs)%s", c->device,
+                  prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+                  c->pdl ? ", programmatic dependent launch" : "");
     *ctx = c;
     return TMX_OK;
 }
@@ -379,6 +382,8 @@ static const struct tmx_kernels_i cu_ops = {
 
 static const struct tmx_option cu_options[] = {
     {"device", TMX_OPT_INT, "0", "CUDA device ordinal the set runs on"},
+    {"pdl", TMX_OPT_BOOL, "true", "programmatic dependent launch: a kernel may start while the "
+     "one before it finishes (sm_90 and later)"},
     {0},
 };
 

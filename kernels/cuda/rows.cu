@@ -18,6 +18,7 @@ static int check_rows(struct cu_ctx *c, const char *op, int64_t rows, int64_t d)
 template <int DT>
 __global__ void embed_kernel(float *out, const void *table, const int32_t *ids, int64_t vocab,
                              int64_t d, int64_t count, int *dev_err) {
+    pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     int64_t t = i / d, col = i % d;
@@ -37,9 +38,9 @@ extern "C" void cu_embed(void *ctx, float *out, const struct tmx_tensor *table, 
         !check_rows(c, "embed", n, table->shape[1]) || n == 0)
         return;
     int64_t d = table->shape[1], count = (int64_t)n * d;
-    CU_DISPATCH_W(table->dtype, (embed_kernel<DT><<<blocks_for(count, 256), 256, 0, c->stream>>>(
-                                    out, table->data, ids, table->shape[0], d, count,
-                                    c->dev_err)));
+    CU_DISPATCH_W(table->dtype,
+                  (cu_launch(c, embed_kernel<DT>, blocks_for(count, 256), 256, 0, out, table->data,
+                             ids, table->shape[0], d, count, c->dev_err)));
     cu_check_launch(c, "embed");
 }
 
@@ -48,6 +49,7 @@ extern "C" void cu_embed(void *ctx, float *out, const struct tmx_tensor *table, 
 /* One block per row. */
 template <int DT>
 __global__ void rmsnorm_kernel(float *out, const float *x, const void *w, int d, float eps) {
+    pdl_enter();
     __shared__ float red[32];
     rms_row<DT>(out + (int64_t)blockIdx.x * d, x + (int64_t)blockIdx.x * d, w, d, eps, red);
 }
@@ -59,14 +61,15 @@ extern "C" void cu_rmsnorm(void *ctx, float *out, const float *x, const struct t
         (w && !cu_check_weight(c, "rmsnorm", "weight", w, 1, d, 0)) || rows == 0)
         return;
     CU_DISPATCH_W(w ? w->dtype : TMX_DTYPE_F32,
-                  (rmsnorm_kernel<DT><<<rows, rms_threads(d), 0, c->stream>>>(
-                      out, x, w ? w->data : NULL, d, eps)));
+                  (cu_launch(c, rmsnorm_kernel<DT>, rows, rms_threads(d), 0, out, x,
+                             w ? w->data : NULL, d, eps)));
     cu_check_launch(c, "rmsnorm");
 }
 
 /* --- swiglu --------------------------------------------------------------------------------- */
 
 __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t count) {
+    pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     float g = gate[i];
@@ -77,7 +80,7 @@ extern "C" void cu_swiglu(void *ctx, float *out, const float *gate, const float 
                           int64_t count) {
     struct cu_ctx *c = (struct cu_ctx *)ctx;
     if (!cu_enter(c, "swiglu") || count <= 0) return;
-    swiglu_kernel<<<blocks_for(count, 256), 256, 0, c->stream>>>(out, gate, up, count);
+    cu_launch(c, swiglu_kernel, blocks_for(count, 256), 256, 0, out, gate, up, count);
     cu_check_launch(c, "swiglu");
 }
 
@@ -92,6 +95,7 @@ __device__ __forceinline__ float gated(float h, float a, const void *g, int64_t 
 template <int DT>
 __global__ void add_gated_kernel(float *h, const float *a, const void *g, int64_t d,
                                  int64_t count) {
+    pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     h[i] = gated<DT>(h[i], a[i], g, i % d);
@@ -102,6 +106,7 @@ __global__ void add_gated_kernel(float *h, const float *a, const void *g, int64_
 template <int DT>
 __global__ void add_rmsnorm_kernel(float *out, float *h, const float *a, const void *g,
                                    const void *w, int d, float eps) {
+    pdl_enter();
     __shared__ float red[32];
     float *hr = h + (int64_t)blockIdx.x * d;
     const float *ar = a + (int64_t)blockIdx.x * d;
@@ -117,8 +122,8 @@ extern "C" void cu_add_gated(void *ctx, float *h, const float *a, const struct t
         return;
     int64_t count = (int64_t)rows * d;
     CU_DISPATCH_W(g ? g->dtype : TMX_DTYPE_F32,
-                  (add_gated_kernel<DT><<<blocks_for(count, 256), 256, 0, c->stream>>>(
-                      h, a, g ? g->data : NULL, d, count)));
+                  (cu_launch(c, add_gated_kernel<DT>, blocks_for(count, 256), 256, 0, h, a,
+                             g ? g->data : NULL, d, count)));
     cu_check_launch(c, "add_gated");
 }
 
@@ -136,8 +141,8 @@ extern "C" void cu_add_rmsnorm(void *ctx, float *out, float *h, const float *a,
         (w && !cu_check_weight(c, "add_rmsnorm", "weight", w, 1, d, 0)) || rows == 0)
         return;
     CU_DISPATCH_W(g ? g->dtype : w ? w->dtype : TMX_DTYPE_F32,
-                  (add_rmsnorm_kernel<DT><<<rows, rms_threads(d), 0, c->stream>>>(
-                      out, h, a, g ? g->data : NULL, w ? w->data : NULL, d, eps)));
+                  (cu_launch(c, add_rmsnorm_kernel<DT>, rows, rms_threads(d), 0, out, h, a,
+                             g ? g->data : NULL, w ? w->data : NULL, d, eps)));
     cu_check_launch(c, "add_rmsnorm");
 }
 
@@ -145,6 +150,7 @@ extern "C" void cu_add_rmsnorm(void *ctx, float *out, float *h, const float *a,
 
 __global__ void gather_kernel(float *out, const float *x, const int32_t *rows, int64_t d,
                               int64_t count, int *dev_err) {
+    pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     int32_t r = rows[i / d];
@@ -161,8 +167,7 @@ extern "C" void cu_gather(void *ctx, float *out, const float *x, const int32_t *
     struct cu_ctx *c = (struct cu_ctx *)ctx;
     if (!cu_enter(c, "gather") || !check_rows(c, "gather", n, d) || n == 0) return;
     int64_t count = (int64_t)n * d;
-    gather_kernel<<<blocks_for(count, 256), 256, 0, c->stream>>>(out, x, rows, d, count,
-                                                                  c->dev_err);
+    cu_launch(c, gather_kernel, blocks_for(count, 256), 256, 0, out, x, rows, d, count, c->dev_err);
     cu_check_launch(c, "gather");
 }
 
@@ -192,6 +197,7 @@ __device__ __forceinline__ unsigned long long warp_max_key(unsigned long long k)
 
 /* First pass, grid (pieces, rows): part[row][piece] = the largest key of the piece. */
 __global__ void argmax_piece_kernel(unsigned long long *part, const float *x, int d, int ld) {
+    pdl_enter();
     __shared__ unsigned long long red[ARGMAX_THREADS / 32];
     const float *xr = x + (int64_t)blockIdx.y * ld;
     const int end = min(d, (int)(blockIdx.x + 1) * ARGMAX_PIECE);
@@ -213,6 +219,7 @@ __global__ void argmax_piece_kernel(unsigned long long *part, const float *x, in
 /* Second pass, a warp per row over its pieces' keys. */
 __global__ void argmax_row_kernel(int32_t *ids, float *best, const unsigned long long *part,
                                   int pieces, const float *x, int ld) {
+    pdl_enter();
     const unsigned long long *pr = part + (int64_t)blockIdx.x * pieces;
     unsigned long long k = 0;
     for (int i = threadIdx.x; i < pieces; i += 32) k = pr[i] > k ? pr[i] : k;
@@ -239,9 +246,9 @@ extern "C" void cu_argmax(void *ctx, int32_t *ids, float *best, const float *x, 
     for (int r0 = 0; r0 < rows; r0 += 65535) { /* the most a grid's y may hold */
         const int nr = rows - r0 < 65535 ? rows - r0 : 65535;
         const float *xr = x + (int64_t)r0 * ld;
-        argmax_piece_kernel<<<dim3(pieces, nr), ARGMAX_THREADS, 0, c->stream>>>(part, xr, d, ld);
+        cu_launch(c, argmax_piece_kernel, dim3(pieces, nr), ARGMAX_THREADS, 0, part, xr, d, ld);
         if (!cu_check_launch(c, "argmax")) return;
-        argmax_row_kernel<<<nr, 32, 0, c->stream>>>(ids + r0, best + r0, part, pieces, xr, ld);
+        cu_launch(c, argmax_row_kernel, nr, 32, 0, ids + r0, best + r0, part, pieces, xr, ld);
         if (!cu_check_launch(c, "argmax")) return;
     }
 }
@@ -430,6 +437,7 @@ __device__ void topk_emit(unsigned long long *out, topk_stat *st_out, float *xs,
 __global__ void __launch_bounds__(TOPK_THREADS)
 topk_piece_kernel(unsigned long long *out, topk_stat *st_out, float *xs, int32_t *ids,
                   double *stats, const float *x, const float *temps, int d, int ld, int k) {
+    pdl_enter();
     __shared__ topk_smem sm;
     const float *xr = x + (int64_t)blockIdx.y * ld;
     const float t = temps[blockIdx.y];
@@ -466,6 +474,7 @@ __global__ void __launch_bounds__(TOPK_THREADS)
 topk_merge_kernel(unsigned long long *out, topk_stat *st_out, float *xs, int32_t *ids,
                   double *stats, const float *x, int ld, const unsigned long long *in,
                   const topk_stat *st_in, int n_in, int per, int k) {
+    pdl_enter();
     __shared__ topk_smem sm;
     const int l0 = blockIdx.x * per, nl = min(per, n_in - l0);
     const unsigned long long *src = in + ((int64_t)blockIdx.y * n_in + l0) * k;
@@ -531,13 +540,13 @@ extern "C" void cu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const
         int32_t *ir = ids + (int64_t)r0 * k;
         double *sr = stats + 3 * (int64_t)r0;
         const float *xr = x + (int64_t)r0 * ld;
-        topk_piece_kernel<<<dim3(pieces, nr), topk_threads(d < TOPK_N ? d : TOPK_N), 0,
-                            c->stream>>>(keys[0], st[0], xo, ir, sr, xr, temps + r0, d, ld, k);
+        cu_launch(c, topk_piece_kernel, dim3(pieces, nr), topk_threads(d < TOPK_N ? d : TOPK_N), 0,
+                  keys[0], st[0], xo, ir, sr, xr, temps + r0, d, ld, k);
         if (!cu_check_launch(c, "topk")) return;
         for (int n_in = pieces, at = 0; n_in > 1; n_in = (n_in + per - 1) / per, at ^= 1) {
             const int threads = topk_threads((n_in < per ? n_in : per) * k);
-            topk_merge_kernel<<<dim3((n_in + per - 1) / per, nr), threads, 0, c->stream>>>(
-                keys[at ^ 1], st[at ^ 1], xo, ir, sr, xr, ld, keys[at], st[at], n_in, per, k);
+            cu_launch(c, topk_merge_kernel, dim3((n_in + per - 1) / per, nr), threads, 0,
+                      keys[at ^ 1], st[at ^ 1], xo, ir, sr, xr, ld, keys[at], st[at], n_in, per, k);
             if (!cu_check_launch(c, "topk")) return;
         }
     }
@@ -549,6 +558,7 @@ extern "C" void cu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const
  * write one logit. The counts come from the device, so that a recorded graph replays any. */
 __global__ void logit_edit_kernel(float *x, const tmx_logit_edit *edits, const int32_t *starts,
                                   int ld, int lo, int d) {
+    pdl_enter();
     float *xr = x + (int64_t)blockIdx.x * ld;
     for (int32_t i = starts[blockIdx.x] + threadIdx.x; i < starts[blockIdx.x + 1];
          i += blockDim.x) {
@@ -566,6 +576,6 @@ extern "C" void cu_logit_edit(void *ctx, float *x, const struct tmx_logit_edit *
         cu_fail(c, TMX_ERR_INVALID, "logit_edit: row stride %d, width %d", ld, d);
         return;
     }
-    logit_edit_kernel<<<rows, 256, 0, c->stream>>>(x, edits, starts, ld, lo, d);
+    cu_launch(c, logit_edit_kernel, rows, 256, 0, x, edits, starts, ld, lo, d);
     cu_check_launch(c, "logit_edit");
 }
