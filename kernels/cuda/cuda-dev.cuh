@@ -24,7 +24,8 @@ template <> __device__ __forceinline__ float load_w<TMX_DTYPE_F16>(const void *p
 /* Programmatic dependent launch (sm_90 and later). Every kernel of this set begins here: it
  * waits until the grid before it on the stream has finished and its writes are visible, then
  * lets the next grid be scheduled, so that the next kernel's launch overlaps this one's run
- * instead of following its end (a decode step is a chain of ~120 short kernels). */
+ * instead of following its end (a decode step is a chain of ~120 short kernels). Launched
+ * without the attribute (cu_launch), both are no-ops. */
 __device__ __forceinline__ void pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -32,8 +33,11 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
-/* kernel<<<grid, block, smem, c->stream>>>(args...), allowed to start while the kernel before
- * it runs (c->pdl; cu_check_launch reports a failed launch). */
+/* kernel<<<grid, block, smem, c->stream>>>(args...); in a recorded graph (the core records
+ * decode steps) allowed to start while the kernel before it runs (c->pdl). Eager launches
+ * (prefill, whose kernels are long) keep the plain order: one muse-mini prefill with every
+ * launch programmatic gained nothing (6,819 tok/s against 8,331, within the spread of repeated
+ * prefills). cu_check_launch reports a failed launch. */
 template <typename... Params, typename... Args>
 static inline void cu_launch(const struct cu_ctx *c, void (*kernel)(Params...), dim3 grid,
                              dim3 block, size_t smem, Args... args) {
@@ -46,7 +50,7 @@ static inline void cu_launch(const struct cu_ctx *c, void (*kernel)(Params...), 
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     cfg.attrs = &pdl;
-    cfg.numAttrs = c->pdl ? 1 : 0;
+    cfg.numAttrs = c->pdl && c->capturing ? 1 : 0;
     cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 

@@ -54,7 +54,8 @@ struct cu_ctx {
     void *retired[48];         /* outgrown scratch blocks, freed by fini: a graph may use them */
     int n_retired;
     int capturing;             /* between graph_begin and graph_end */
-    int pdl;                   /* kernels may start while the one before runs (option pdl) */
+    int pdl;                   /* kernels of a graph may start while the one before runs
+                                  (option pdl) */
 };
 
 /* Records a failure (the first one since the last sync wins) and logs its message. */

@@ -382,8 +382,8 @@ static const struct tmx_kernels_i cu_ops = {
 
 static const struct tmx_option cu_options[] = {
     {"device", TMX_OPT_INT, "0", "CUDA device ordinal the set runs on"},
-    {"pdl", TMX_OPT_BOOL, "true", "programmatic dependent launch: a kernel may start while the "
-     "one before it finishes (sm_90 and later)"},
+    {"pdl", TMX_OPT_BOOL, "true", "programmatic dependent launch: in a recorded graph (a decode "
+     "step), a kernel may start while the one before it finishes (sm_90 and later)"},
     {0},
 };
 
