@@ -39,7 +39,7 @@ __device__ __forceinline__ void rope_pair(float *v, int i, int half, float cs, f
 /* A thread per (token, pair i): pair i of every head rotated. */
 __global__ void rope_kernel(float *x, const int32_t *pos, const float *inv_freq, int n, int heads,
                             int hd, int *dev_err) {
-    pdl_enter();
+    tmx_pdl_enter();
     int half = hd / 2;
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)n * half) return;
@@ -77,7 +77,7 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const void *qw, const vo
                                     int q_normed, int k_normed, const int32_t *pos,
                                     const float *inv_freq, int hq, int hkv, int hd, float eps,
                                     int *dev_err) {
-    pdl_enter();
+    tmx_pdl_enter();
     __shared__ float red[32];
     const int t = blockIdx.x / (hq + hkv), h = blockIdx.x % (hq + hkv), half = hd / 2;
     const int is_q = h < hq;
@@ -211,7 +211,7 @@ template <int KT>
 __global__ void __launch_bounds__(WARPS * 32)
 kv_store_kernel(struct tmx_kv_cache kv, const float *k, const float *v, const int32_t *slots,
                 int n, int *dev_err) {
-    pdl_enter();
+    tmx_pdl_enter();
     int64_t row = (int64_t)blockIdx.x * WARPS + threadIdx.x / 32;
     if (row >= (int64_t)n * kv.hkv) return;
     int t = (int)(row / kv.hkv), kvh = (int)(row % kv.hkv);
@@ -263,7 +263,7 @@ struct attn_args {
 template <int KT, int W>
 __global__ void __launch_bounds__(W * 32)
 attention_kernel(struct tmx_kv_cache kv, struct attn_args a, int *dev_err) {
-    pdl_enter();
+    tmx_pdl_enter();
     __shared__ float s_m[W], s_l[W];
     __shared__ float s_acc[W][CU_MAX_HEAD_DIM]; /* [warp][hd] */
     const int64_t task = blockIdx.x;

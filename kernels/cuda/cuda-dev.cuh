@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda-set.h"
+#include "tmx/cuda-pdl.cuh"
 
 /* Weight dtypes as template arguments: the load compiles to one instruction per dtype. */
 template <int DT> __device__ __forceinline__ float load_w(const void *p, int64_t i);
@@ -21,37 +22,15 @@ template <> __device__ __forceinline__ float load_w<TMX_DTYPE_F16>(const void *p
     return __half2float(__ldg((const __half *)p + i));
 }
 
-/* Programmatic dependent launch (sm_90 and later). Every kernel of this set begins here: it
- * waits until the grid before it on the stream has finished and its writes are visible, then
- * lets the next grid be scheduled, so that the next kernel's launch overlaps this one's run
- * instead of following its end (a decode step is a chain of ~120 short kernels). Launched
- * without the attribute (cu_launch), both are no-ops. */
-__device__ __forceinline__ void pdl_enter() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
 /* kernel<<<grid, block, smem, c->stream>>>(args...); in a recorded graph (the core records
- * decode steps) allowed to start while the kernel before it runs (c->pdl). Eager launches
- * (prefill, whose kernels are long) keep the plain order: one muse-mini prefill with every
- * launch programmatic gained nothing (6,819 tok/s against 8,331, within the spread of repeated
- * prefills). cu_check_launch reports a failed launch. */
-template <typename... Params, typename... Args>
-static inline void cu_launch(const struct cu_ctx *c, void (*kernel)(Params...), dim3 grid,
-                             dim3 block, size_t smem, Args... args) {
-    cudaLaunchAttribute pdl;
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = c->stream;
-    cfg.attrs = &pdl;
-    cfg.numAttrs = c->pdl && c->capturing ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, kernel, args...);
+ * decode steps) programmatic (c->pdl, tmx/cuda-pdl.cuh): every kernel of this set begins with
+ * tmx_pdl_enter. Eager launches (prefill, whose kernels are long) keep the plain order: one
+ * muse-mini prefill with every launch programmatic gained nothing (6,819 tok/s against 8,331,
+ * within the spread of repeated prefills). cu_check_launch reports a failed launch. */
+template <typename... P, typename... A>
+static inline void cu_launch(const struct cu_ctx *c, void (*kernel)(P...), dim3 grid,
+                             dim3 block, size_t smem, A... args) {
+    tmx_cuda_launch(kernel, grid, block, smem, c->stream, c->pdl && c->capturing, args...);
 }
 
 /* Calls F<DT>(args...) for a weight dtype known only at run time. */

@@ -58,7 +58,7 @@ __device__ __forceinline__ int gemv_which(const gemv_set &s, int b) {
 template <int DT, int NT, bool VEC>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_kernel(const gemv_set ws, const float *x, int n, int k) {
-    pdl_enter();
+    tmx_pdl_enter();
     const int i = gemv_which(ws, blockIdx.x), m = ws.m[i];
     const void *w = ws.w[i];
     float *y = ws.y[i];
@@ -211,7 +211,7 @@ template <int DT> struct held<DT, false> {
 template <int DT, int NT, bool SHORT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, NT <= 4 ? 3 : 2)
 gemv_split_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k, int wpr_short) {
-    pdl_enter();
+    tmx_pdl_enter();
     __shared__ float red[GEMV_WARPS][SK_ROWS][NT];
     const int wpr = SHORT ? wpr_short : GEMV_WARPS;
     const int which = gemv_which(ws, blockIdx.x), m = ws.m[which];
@@ -337,7 +337,7 @@ __device__ __forceinline__ void e4m3_to_f32x(const uint32_t (&q)[N], float (&v)[
 template <int NT, bool VEC>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 2 ? 3 : 0)
 mxfp8_gemv_kernel(const gemv_set ws, const float *__restrict__ x, int n, int k) {
-    pdl_enter();
+    tmx_pdl_enter();
     __shared__ float red[GEMV_WARPS][MX_ROWS][NT];
     const int which = gemv_which(ws, blockIdx.x), m = ws.m[which];
     const uint8_t *__restrict__ w = (const uint8_t *)ws.w[which];
@@ -426,7 +426,7 @@ static void mxfp8_gemv(struct cu_ctx *c, float *const *y, const float *x, const 
 /* MXFP8 [count / k][k] (codes, then scales) -> its BF16 values, as tmx_mxfp8_to_bf16: a thread
  * takes 16 codes (half a block). */
 __global__ void mxfp8_to_bf16_kernel(uint4 *out, const uint4 *w, int64_t count) {
-    pdl_enter();
+    tmx_pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count / 16) return;
     const uint4 c = w[i];
@@ -446,7 +446,7 @@ __global__ void mxfp8_to_bf16_kernel(uint4 *out, const uint4 *w, int64_t count) 
 /* x = hi + lo, both BF16: [count] F32 -> [count] BF16 twice. */
 __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x,
                                   int64_t count) {
-    pdl_enter();
+    tmx_pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     float v = x[i];

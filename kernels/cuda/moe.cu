@@ -22,7 +22,7 @@ __device__ __forceinline__ bool beats(pick a, pick b) {
 template <int DT>
 __global__ void route_kernel(int32_t *ids, float *weights, const float *logits, const void *bias,
                              int n_exp, int k, int softmax, int norm_topk, float scale) {
-    pdl_enter();
+    tmx_pdl_enter();
     extern __shared__ float sh[];
     float *s = sh, *key = sh + n_exp;
     unsigned char *used = (unsigned char *)(key + n_exp);
@@ -123,7 +123,7 @@ __device__ __forceinline__ int local_expert(const struct experts_args &a, int64_
 template <int DT>
 __global__ void __launch_bounds__(256)
 experts_up_kernel(struct expert_ptrs w, struct experts_args a) {
-    pdl_enter();
+    tmx_pdl_enter();
     int64_t p = blockIdx.x;
     int i = blockIdx.y * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
     int e = local_expert(a, p);
@@ -153,7 +153,7 @@ __device__ __forceinline__ float load_any(const void *p, int dt, int64_t i) {
 template <int DT>
 __global__ void __launch_bounds__(DOWN_THREADS)
 experts_down_kernel(struct expert_ptrs w, struct experts_args a) {
-    pdl_enter();
+    tmx_pdl_enter();
     extern __shared__ float yrow[];
     __shared__ float red[32];
     int64_t p = blockIdx.x;
@@ -188,7 +188,7 @@ experts_down_kernel(struct expert_ptrs w, struct experts_args a) {
 
 /* out[t][d] = sum over slots j of y[t * k + j][d], in j order. */
 __global__ void experts_sum_kernel(struct experts_args a, int64_t count) {
-    pdl_enter();
+    tmx_pdl_enter();
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= count) return;
     int64_t t = idx / a.latent, d = idx % a.latent;
@@ -303,7 +303,7 @@ extern "C" void cu_moe_experts_partial(void *ctx, float *ye, const float *z, con
 /* inv[p] = 1 / sqrt(mean(ye[p]^2) + eps). */
 __global__ void __launch_bounds__(256)
 combine_rms_kernel(const float *ye, int latent, float eps, float *inv) {
-    pdl_enter();
+    tmx_pdl_enter();
     __shared__ double red[32];
     int64_t p = blockIdx.x;
     const float *y = ye + p * latent;
@@ -317,7 +317,7 @@ combine_rms_kernel(const float *ye, int latent, float eps, float *inv) {
 __global__ void combine_kernel(float *out, const float *ye, const float *weights,
                                const float *inv, const void *post, int post_dt, int k,
                                int latent, int64_t count) {
-    pdl_enter();
+    tmx_pdl_enter();
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= count) return;
     int64_t t = idx / latent, d = idx % latent;

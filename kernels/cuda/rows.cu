@@ -18,7 +18,7 @@ static int check_rows(struct cu_ctx *c, const char *op, int64_t rows, int64_t d)
 template <int DT>
 __global__ void embed_kernel(float *out, const void *table, const int32_t *ids, int64_t vocab,
                              int64_t d, int64_t count, int *dev_err) {
-    pdl_enter();
+    tmx_pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     int64_t t = i / d, col = i % d;
@@ -49,7 +49,7 @@ extern "C" void cu_embed(void *ctx, float *out, const struct tmx_tensor *table, 
 /* One block per row. */
 template <int DT>
 __global__ void rmsnorm_kernel(float *out, const float *x, const void *w, int d, float eps) {
-    pdl_enter();
+    tmx_pdl_enter();
     __shared__ float red[32];
     rms_row<DT>(out + (int64_t)blockIdx.x * d, x + (int64_t)blockIdx.x * d, w, d, eps, red);
 }
@@ -69,7 +69,7 @@ extern "C" void cu_rmsnorm(void *ctx, float *out, const float *x, const struct t
 /* --- swiglu --------------------------------------------------------------------------------- */
 
 __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t count) {
-    pdl_enter();
+    tmx_pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     float g = gate[i];
@@ -95,7 +95,7 @@ __device__ __forceinline__ float gated(float h, float a, const void *g, int64_t 
 template <int DT>
 __global__ void add_gated_kernel(float *h, const float *a, const void *g, int64_t d,
                                  int64_t count) {
-    pdl_enter();
+    tmx_pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     h[i] = gated<DT>(h[i], a[i], g, i % d);
@@ -106,7 +106,7 @@ __global__ void add_gated_kernel(float *h, const float *a, const void *g, int64_
 template <int DT>
 __global__ void add_rmsnorm_kernel(float *out, float *h, const float *a, const void *g,
                                    const void *w, int d, float eps) {
-    pdl_enter();
+    tmx_pdl_enter();
     __shared__ float red[32];
     float *hr = h + (int64_t)blockIdx.x * d;
     const float *ar = a + (int64_t)blockIdx.x * d;
@@ -150,7 +150,7 @@ extern "C" void cu_add_rmsnorm(void *ctx, float *out, float *h, const float *a,
 
 __global__ void gather_kernel(float *out, const float *x, const int32_t *rows, int64_t d,
                               int64_t count, int *dev_err) {
-    pdl_enter();
+    tmx_pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     int32_t r = rows[i / d];
@@ -197,7 +197,7 @@ __device__ __forceinline__ unsigned long long warp_max_key(unsigned long long k)
 
 /* First pass, grid (pieces, rows): part[row][piece] = the largest key of the piece. */
 __global__ void argmax_piece_kernel(unsigned long long *part, const float *x, int d, int ld) {
-    pdl_enter();
+    tmx_pdl_enter();
     __shared__ unsigned long long red[ARGMAX_THREADS / 32];
     const float *xr = x + (int64_t)blockIdx.y * ld;
     const int end = min(d, (int)(blockIdx.x + 1) * ARGMAX_PIECE);
@@ -219,7 +219,7 @@ __global__ void argmax_piece_kernel(unsigned long long *part, const float *x, in
 /* Second pass, a warp per row over its pieces' keys. */
 __global__ void argmax_row_kernel(int32_t *ids, float *best, const unsigned long long *part,
                                   int pieces, const float *x, int ld) {
-    pdl_enter();
+    tmx_pdl_enter();
     const unsigned long long *pr = part + (int64_t)blockIdx.x * pieces;
     unsigned long long k = 0;
     for (int i = threadIdx.x; i < pieces; i += 32) k = pr[i] > k ? pr[i] : k;
@@ -437,7 +437,7 @@ __device__ void topk_emit(unsigned long long *out, topk_stat *st_out, float *xs,
 __global__ void __launch_bounds__(TOPK_THREADS)
 topk_piece_kernel(unsigned long long *out, topk_stat *st_out, float *xs, int32_t *ids,
                   double *stats, const float *x, const float *temps, int d, int ld, int k) {
-    pdl_enter();
+    tmx_pdl_enter();
     __shared__ topk_smem sm;
     const float *xr = x + (int64_t)blockIdx.y * ld;
     const float t = temps[blockIdx.y];
@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(TOPK_THREADS)
 topk_merge_kernel(unsigned long long *out, topk_stat *st_out, float *xs, int32_t *ids,
                   double *stats, const float *x, int ld, const unsigned long long *in,
                   const topk_stat *st_in, int n_in, int per, int k) {
-    pdl_enter();
+    tmx_pdl_enter();
     __shared__ topk_smem sm;
     const int l0 = blockIdx.x * per, nl = min(per, n_in - l0);
     const unsigned long long *src = in + ((int64_t)blockIdx.y * n_in + l0) * k;
@@ -558,7 +558,7 @@ extern "C" void cu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const
  * write one logit. The counts come from the device, so that a recorded graph replays any. */
 __global__ void logit_edit_kernel(float *x, const tmx_logit_edit *edits, const int32_t *starts,
                                   int ld, int lo, int d) {
-    pdl_enter();
+    tmx_pdl_enter();
     float *xr = x + (int64_t)blockIdx.x * ld;
     for (int32_t i = starts[blockIdx.x] + threadIdx.x; i < starts[blockIdx.x + 1];
          i += blockDim.x) {

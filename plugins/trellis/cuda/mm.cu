@@ -219,6 +219,7 @@ __device__ __forceinline__ void mma_step(float (*acc)[C][4], int n, const uint32
  * with their block scales (stage_tile_native). */
 template <int K, bool FP4, int NG, bool NATIVE>
 __global__ void __launch_bounds__(MM_WARPS * 32, NG == 1 ? 8 : 4) mm_kernel(const mm_params p) {
+    tmx_pdl_enter();
     static_assert(FP4 || !NATIVE, "the native FP4 form is law e2m1's");
     constexpr int NW = 8 * K, GT = 8 * NG, BLOCK = FP4 ? 16 : 32;
     constexpr int SW = CHUNK_COLS / BLOCK / 4; /* scale words of a row per chunk: 2 or 4 */
@@ -478,6 +479,7 @@ __device__ __forceinline__ int wide_word(int t, int w) {
 template <int K, bool FP4, int GT, bool WG>
 __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
     mm_wide_kernel(const mm_params p) {
+    tmx_pdl_enter();
     constexpr int NW = 8 * K, BLOCK = FP4 ? 16 : 32, STRIPS = WIDE_STRIPS(WG);
     constexpr int THREADS = STRIPS * 64;
     /* Copies of a chunk's activations: lanes a token, tokens a round, rounds, pieces a round.
@@ -727,6 +729,7 @@ __global__ void __launch_bounds__(WIDE_STRIPS(WG) * 64, WG ? 1 : 2)
  * thread per tile of a row. */
 template <bool FP4, bool WG>
 __global__ void stage_kernel(const mm_params p) {
+    tmx_pdl_enter();
     const int tiles = p.cols / 16;
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)p.x_rows * tiles) return;
@@ -758,8 +761,7 @@ static cudaError_t launch_ng(const mm_params &p, dim3 grid, cudaStream_t stream)
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
     }
-    mm_kernel<K, FP4, NG, NATIVE><<<grid, MM_WARPS * 32, smem, stream>>>(p);
-    return cudaGetLastError();
+    return trellis_launch(mm_kernel<K, FP4, NG, NATIVE>, grid, MM_WARPS * 32, smem, stream, p);
 }
 
 /* The wide GEMM: the activations staged as f16 first, then the GEMM, whose double-buffered
@@ -769,8 +771,8 @@ template <int K, bool FP4, int GT, bool WG>
 static cudaError_t launch_wide(const mm_params &p, dim3 grid, cudaStream_t stream) {
     if ((size_t)p.x_rows * p.cols / 2 > UINT32_MAX) return cudaErrorInvalidValue; /* off_s */
     const long tiles = (long)p.x_rows * (p.cols / 16);
-    stage_kernel<FP4, WG><<<(unsigned)((tiles + 255) / 256), 256, 0, stream>>>(p);
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e = trellis_launch(stage_kernel<FP4, WG>, (unsigned)((tiles + 255) / 256), 256,
+                                   0, stream, p);
     const size_t rows_s = GT + (WG ? 16 * WIDE_STRIPS(WG) : 0); /* a stage's x and A rows */
     const size_t smem = WIDE_STAGES(WG) * rows_s * WIDE_XW * sizeof(uint32_t) + 1024;
     if (e == cudaSuccess)
@@ -778,8 +780,8 @@ static cudaError_t launch_wide(const mm_params &p, dim3 grid, cudaStream_t strea
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 cta_grid(p.rows / (16 * WIDE_STRIPS(WG)), grid.y, grid.z);
-    mm_wide_kernel<K, FP4, GT, WG><<<cta_grid, WIDE_STRIPS(WG) * 64, smem, stream>>>(p);
-    return cudaGetLastError();
+    return trellis_launch(mm_wide_kernel<K, FP4, GT, WG>, cta_grid, WIDE_STRIPS(WG) * 64, smem,
+                          stream, p);
 }
 
 /* The current device's compute capability major, 0 if it cannot be had. */

@@ -6,6 +6,21 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "tmx/cuda-pdl.cuh"
+
+/* kernel<<<grid, block, smem, s>>>(args...), programmatic (tmx/cuda-pdl.cuh) while s is being
+ * recorded into a graph (a decode step), as the CUDA kernel set launches: every kernel of the
+ * expert block begins with tmx_pdl_enter. Eager launches keep the plain order. */
+template <typename... P, typename... A>
+static inline cudaError_t trellis_launch(void (*kernel)(P...), dim3 grid, dim3 block,
+                                         size_t smem, cudaStream_t s, A... args) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(s, &capturing);
+    if (e != cudaSuccess) return e;
+    return tmx_cuda_launch(kernel, grid, block, smem, s,
+                           capturing == cudaStreamCaptureStatusActive, args...);
+}
+
 #define MM_WARPS 4  /* strips of 16 rows per CTA, one per warp */
 #define MM_CHUNK 16 /* tiles of a strip staged at a time: 256 inputs */
 

@@ -362,6 +362,7 @@ __global__ void __launch_bounds__(ROW_THREADS_WIDE)
                        int *act_row, int4 *groups, int *n_groups, int *n_slots,
                        const float *__restrict__ z, int latent, const uint8_t *sign_in, int fp4,
                        uint8_t *q, float *qa, float *qb) {
+    tmx_pdl_enter();
     extern __shared__ __align__(16) float x[]; /* route: int [2E]; input: z' [latent] */
     __shared__ float red[32];
     if (blockIdx.x == 0) {
@@ -392,6 +393,7 @@ __global__ void __launch_bounds__(ROW_THREADS_WIDE)
     mid_kernel(const float *__restrict__ hg, const float *__restrict__ hu, int inter,
                const uint8_t *sign, const int *n_slots, int fp4, uint8_t *q, float *qa,
                float *qb) {
+    tmx_pdl_enter();
     extern __shared__ __align__(16) float x[]; /* [inter]: m' */
     __shared__ float red[32];
     const int s = blockIdx.x, lane = threadIdx.x & 31;
@@ -414,6 +416,7 @@ __global__ void __launch_bounds__(ROW_THREADS_WIDE)
  * post-norm; the double sum runs in an order fixed by the launch. */
 __global__ void rms_kernel(const float *__restrict__ y, int latent, const int *n_slots,
                            float eps, float *rms) {
+    tmx_pdl_enter();
     __shared__ double red[32];
     const int s = blockIdx.x;
     if (s >= *n_slots) return;
@@ -444,6 +447,7 @@ __global__ void __launch_bounds__(32 * OUT_WARPS)
                   const float *__restrict__ weights, const float *__restrict__ rms, int k,
                   int latent, const uint8_t *sign_out, const void *post, trellis_cuda_norm norm,
                   float *out) {
+    tmx_pdl_enter();
     const int t = blockIdx.x, lane = threadIdx.x & 31;
     const int b = blockIdx.y * OUT_WARPS + (threadIdx.x >> 5), i = 128 * b + 4 * lane;
     if (b >= latent / 128) return; /* the whole warp */
@@ -544,8 +548,7 @@ static cudaError_t launch(void (*kernel)(P...), dim3 grid, int threads, size_t s
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
     }
-    kernel<<<grid, threads, smem, s>>>(args...);
-    return cudaGetLastError();
+    return trellis_launch(kernel, grid, threads, smem, s, args...);
 }
 
 static cudaError_t record(void *const *events, int i, cudaStream_t s) {
