@@ -258,12 +258,15 @@ extern "C" void cu_argmax(void *ctx, int32_t *ids, float *best, const float *x, 
 /* A row's candidates are keys: argmax's key of y = x / t (the larger y, then the lower column,
  * is the larger key), 0 for a column that is none. A block holds up to TOPK_N keys, 4 a thread
  * in registers (up to TOPK_THREADS threads, fewer for fewer keys: its barriers cost less):
- * first those of a piece of TOPK_N columns, then, level by level, the first k of up to
- * TOPK_N / k pieces (or groups), until one list a row is left. Of its keys a block keeps the k
+ * first those of a piece of TOPK_N columns (a row of up to TOPK_WIDE_N, 8 a thread, is one
+ * piece: muse-mini's 8,192 logits take one block and no merge; longer rows keep pieces of
+ * TOPK_N, which their merges take faster than fewer, longer ones), then, level by level,
+ * the first k of up to TOPK_N / k pieces (or groups), until one list a row is left. Of its keys a block keeps the k
  * largest, found by a radix select on their bytes from the top (a histogram a byte, until the
  * byte that holds the k-th largest holds no more than the rest of k), then sorts those k. */
 #define TOPK_THREADS 1024
 #define TOPK_N (4 * TOPK_THREADS)
+#define TOPK_WIDE_N (8 * TOPK_THREADS)
 
 /* What a list of keys stands for, over all the candidates of its piece or group: their number,
  * the first one's y and x, and the sums of exp(y - its y) and of exp(x - its x). */
@@ -298,9 +301,9 @@ static __host__ __device__ int pow2_at_least(int n) {
     return p;
 }
 
-/* Threads of a block that holds `keys` keys: 4 a thread, at least 64 (sorting k <= 256). */
-static int topk_threads(int keys) {
-    const int t = pow2_at_least((keys + 3) / 4);
+/* Threads of a block that holds `keys` keys, `per` a thread: at least 64 (sorting k <= 256). */
+static int topk_threads(int keys, int per) {
+    const int t = pow2_at_least((keys + per - 1) / per);
     return t < 64 ? 64 : t > TOPK_THREADS ? TOPK_THREADS : t;
 }
 
@@ -353,20 +356,21 @@ __device__ void sort_keys_desc(unsigned long long *keys, int n) {
     __syncthreads();
 }
 
-/* The k largest nonzero keys of v (4 a thread) into sm->top, sorted; their number (fewer than
- * k when fewer are nonzero) into sm->n_top. */
-__device__ void block_top(const unsigned long long v[4], int k, topk_smem *sm) {
+/* The k largest nonzero keys of v (PER a thread) into sm->top, sorted; their number (fewer
+ * than k when fewer are nonzero) into sm->n_top. */
+template <int PER>
+__device__ void block_top(const unsigned long long (&v)[PER], int k, topk_smem *sm) {
     const int lane = threadIdx.x % 32;
     unsigned long long prefix = 0, mask = 0; /* the bytes of the k-th largest found so far */
     int want = k;                            /* of the keys under prefix, how many are kept */
     int nonzero = 0;
-    for (int j = 0; j < 4; j++) nonzero += v[j] != 0;
+    for (int j = 0; j < PER; j++) nonzero += v[j] != 0;
     nonzero = block_sum(nonzero, sm->red_count);
     if (nonzero > k) {
         for (int shift = 56; shift >= 0; shift -= 8) {
             for (int i = threadIdx.x; i < 256; i += blockDim.x) sm->hist[i] = 0;
             __syncthreads();
-            for (int j = 0; j < 4; j++) { /* one atomic a byte value a warp */
+            for (int j = 0; j < PER; j++) { /* one atomic a byte value a warp */
                 const int b = v[j] && (v[j] & mask) == prefix ? (int)(v[j] >> shift & 255) : -1;
                 const unsigned peers = __match_any_sync(0xffffffffu, b);
                 if (b >= 0 && lane == __ffs(peers) - 1) atomicAdd(&sm->hist[b], __popc(peers));
@@ -401,7 +405,7 @@ __device__ void block_top(const unsigned long long v[4], int k, topk_smem *sm) {
     }
     if (threadIdx.x == 0) sm->n_top = 0;
     __syncthreads();
-    for (int j = 0; j < 4; j++) /* kept: under prefix or above it, in the bytes decided */
+    for (int j = 0; j < PER; j++) /* kept: under prefix or above it, in the bytes decided */
         if (v[j] && (v[j] & mask) >= prefix) sm->top[atomicAdd(&sm->n_top, 1)] = v[j];
     __syncthreads();
     const int n = sm->n_top, np = pow2_at_least(n);
@@ -433,7 +437,8 @@ __device__ void topk_emit(unsigned long long *out, topk_stat *st_out, float *xs,
     if (threadIdx.x == 0) st_out[list] = st;
 }
 
-/* First level, grid (pieces, rows). */
+/* First level, grid (pieces, rows): pieces of PER keys a thread. */
+template <int PER>
 __global__ void __launch_bounds__(TOPK_THREADS)
 topk_piece_kernel(unsigned long long *out, topk_stat *st_out, float *xs, int32_t *ids,
                   double *stats, const float *x, const float *temps, int d, int ld, int k) {
@@ -441,10 +446,10 @@ topk_piece_kernel(unsigned long long *out, topk_stat *st_out, float *xs, int32_t
     __shared__ topk_smem sm;
     const float *xr = x + (int64_t)blockIdx.y * ld;
     const float t = temps[blockIdx.y];
-    const int base = blockIdx.x * 4 * blockDim.x;
-    unsigned long long v[4];
-    float xv[4];
-    for (int j = 0; j < 4; j++) {
+    const int base = blockIdx.x * PER * blockDim.x;
+    unsigned long long v[PER];
+    float xv[PER];
+    for (int j = 0; j < PER; j++) {
         const int col = base + j * blockDim.x + threadIdx.x;
         xv[j] = col < d ? xr[col] : NAN;
         v[j] = isnan(xv[j]) || xv[j] == -INFINITY ? 0 : argmax_key(xv[j] / t, col);
@@ -455,7 +460,7 @@ topk_piece_kernel(unsigned long long *out, topk_stat *st_out, float *xs, int32_t
     const float first_x = sm.n_top ? xr[key_col(top)] : -INFINITY;
     double sum = 0.0, sum1 = 0.0;
     int count = 0;
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < PER; j++)
         if (v[j]) {
             sum += exp((double)key_y(v[j]) - first);
             sum1 += exp((double)xv[j] - first_x);
@@ -523,7 +528,8 @@ extern "C" void cu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const
                 k, TMX_TOPK_MAX);
         return;
     }
-    const int pieces = (d + TOPK_N - 1) / TOPK_N, per = TOPK_N / k;
+    const int wide = d > TOPK_N && d <= TOPK_WIDE_N, piece = wide ? TOPK_WIDE_N : TOPK_N;
+    const int pieces = (d + piece - 1) / piece, per = TOPK_N / k;
     const int groups = pieces > 1 ? (pieces + per - 1) / per : 0; /* lists after level 1 */
     const int chunk = rows < 65535 ? rows : 65535;             /* rows a grid's y holds */
     const size_t lists = (size_t)chunk * (pieces + groups);
@@ -540,11 +546,12 @@ extern "C" void cu_topk(void *ctx, float *xs, int32_t *ids, double *stats, const
         int32_t *ir = ids + (int64_t)r0 * k;
         double *sr = stats + 3 * (int64_t)r0;
         const float *xr = x + (int64_t)r0 * ld;
-        cu_launch(c, topk_piece_kernel, dim3(pieces, nr), topk_threads(d < TOPK_N ? d : TOPK_N), 0,
-                  keys[0], st[0], xo, ir, sr, xr, temps + r0, d, ld, k);
+        const int threads = topk_threads(d < piece ? d : piece, wide ? 8 : 4);
+        cu_launch(c, wide ? topk_piece_kernel<8> : topk_piece_kernel<4>, dim3(pieces, nr),
+                  threads, 0, keys[0], st[0], xo, ir, sr, xr, temps + r0, d, ld, k);
         if (!cu_check_launch(c, "topk")) return;
         for (int n_in = pieces, at = 0; n_in > 1; n_in = (n_in + per - 1) / per, at ^= 1) {
-            const int threads = topk_threads((n_in < per ? n_in : per) * k);
+            const int threads = topk_threads((n_in < per ? n_in : per) * k, 4);
             cu_launch(c, topk_merge_kernel, dim3((n_in + per - 1) / per, nr), threads, 0,
                       keys[at ^ 1], st[at ^ 1], xo, ir, sr, xr, ld, keys[at], st[at], n_in, per, k);
             if (!cu_check_launch(c, "topk")) return;
