@@ -1,10 +1,14 @@
 /* conform-impl.h: the conformance cases' table (conform-cases.c), which conform.c sets up,
- * runs and checks. */
+ * runs and checks; a case's state and the helpers its setups share (conform.c), and the
+ * setups and runs kept in files of their own (conform-cache.c, conform-pick.c). */
 #ifndef TMX_CONFORM_IMPL_H
 #define TMX_CONFORM_IMPL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
+#include "tmx/conform.h"
+#include "tmx/kernels.h"
 #include "tmx/tensor.h"
 
 enum conform_op {
@@ -51,5 +55,80 @@ struct spec {
 
 extern const struct spec tmx_conform_specs[];
 extern const size_t tmx_conform_n_specs;
+
+/* --- a case on a kernel set (conform.c) ----------------------------------------------------- */
+
+/* Doubles, an output type of conform's own (no tensor is F64). */
+#define F64 TMX_DTYPE_COUNT
+
+struct output {
+    void *dev;          /* the kernel set's buffer */
+    size_t count;       /* elements of dt */
+    enum tmx_dtype dt;  /* F32; I32 (must match exactly); BF16, F8_E4M3 or I8 (a KV cache);
+                           F64 (topk's stats) */
+    double *ref;        /* [count], as F32 */
+};
+
+struct tmx_conform_case {
+    const struct spec *s;
+    const struct tmx_kernels_i *ops;
+    void *ctx;
+    uint64_t rng;
+    enum tmx_status status; /* first setup failure */
+    char **err;
+
+    void **host; /* what the case malloc'd */
+    size_t n_host, cap_host;
+    void **bufs; /* the kernel set's buffers */
+    size_t n_bufs, cap_bufs;
+    void **imported; /* struct tmx_tensor device views to weight_free */
+    size_t n_imported, cap_imported;
+
+    void *arg[5];             /* device addresses of the op's arrays, in the setup's order */
+    struct tmx_tensor w;      /* the op's weight, when it has one */
+    struct tmx_tensor wm[4];  /* matmul_multi's weights; add_rmsnorm's gate, qk_norm_rope's
+                                 q_norm */
+    int n_wm;
+    struct tmx_moe_weights moe;
+    struct tmx_kv_cache kv;   /* kv_store, attention: device addresses */
+    int max_blocks;           /* attention: entries of a block table */
+    struct output out[4];
+    int n_out;
+    unsigned char *got; /* outputs read by the last check */
+    size_t got_bytes;
+};
+
+/* Zeroed host memory, freed with the case. */
+void *cf_host_alloc(struct tmx_conform_case *c, size_t nbytes);
+/* A zeroed buffer of the kernel set. */
+void *cf_buffer(struct tmx_conform_case *c, size_t nbytes);
+/* A buffer of the kernel set holding host[nbytes] (host NULL: none). */
+void *cf_upload(struct tmx_conform_case *c, const void *host, size_t nbytes);
+/* The case's seeded stream: 64 bits, uniform in [lo, hi), uniform in [lo, hi]. */
+uint64_t cf_next_u64(struct tmx_conform_case *c);
+double cf_uniform(struct tmx_conform_case *c, double lo, double hi);
+int cf_randint(struct tmx_conform_case *c, int lo, int hi);
+/* Random F32 values in [lo, hi], uploaded to a new buffer (*dev); returns the host copy. */
+float *cf_input(struct tmx_conform_case *c, size_t count, double lo, double hi, void **dev);
+/* Registers dev as an output of count elements of dt; returns its reference array to fill. */
+double *cf_output(struct tmx_conform_case *c, void *dev, size_t count, enum tmx_dtype dt);
+/* Element i of an array of dtype dt (a cache's before its row's scale; F64: conform's own). */
+double cf_elem(enum tmx_dtype dt, const void *data, size_t i);
+
+/* --- the paged KV cache (conform-cache.c) --------------------------------------------------- */
+
+enum tmx_status cf_kv_store_new(struct tmx_conform_case *c);
+void cf_kv_store_run(struct tmx_conform_case *c);
+enum tmx_status cf_attention_new(struct tmx_conform_case *c);
+void cf_attention_run(struct tmx_conform_case *c);
+
+/* --- a step's end (conform-pick.c) ---------------------------------------------------------- */
+
+enum tmx_status cf_argmax_new(struct tmx_conform_case *c);
+void cf_argmax_run(struct tmx_conform_case *c);
+enum tmx_status cf_topk_new(struct tmx_conform_case *c);
+void cf_topk_run(struct tmx_conform_case *c);
+enum tmx_status cf_logit_edit_new(struct tmx_conform_case *c);
+void cf_logit_edit_run(struct tmx_conform_case *c);
 
 #endif

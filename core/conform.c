@@ -20,46 +20,6 @@
 
 /* --- a case on a kernel set ------------------------------------------------------------------- */
 
-/* Doubles, an output type of conform's own (no tensor is F64). */
-#define F64 TMX_DTYPE_COUNT
-
-struct output {
-    void *dev;          /* the kernel set's buffer */
-    size_t count;       /* elements of dt */
-    enum tmx_dtype dt;  /* F32; I32 (must match exactly); BF16, F8_E4M3 or I8 (a KV cache);
-                           F64 (topk's stats) */
-    double *ref;        /* [count], as F32 */
-};
-
-struct tmx_conform_case {
-    const struct spec *s;
-    const struct tmx_kernels_i *ops;
-    void *ctx;
-    uint64_t rng;
-    enum tmx_status status; /* first setup failure */
-    char **err;
-
-    void **host; /* what the case malloc'd */
-    size_t n_host, cap_host;
-    void **bufs; /* the kernel set's buffers */
-    size_t n_bufs, cap_bufs;
-    void **imported; /* struct tmx_tensor device views to weight_free */
-    size_t n_imported, cap_imported;
-
-    void *arg[5];             /* device addresses of the op's arrays, in the setup's order */
-    struct tmx_tensor w;      /* the op's weight, when it has one */
-    struct tmx_tensor wm[4];  /* matmul_multi's weights; add_rmsnorm's gate, qk_norm_rope's
-                                 q_norm */
-    int n_wm;
-    struct tmx_moe_weights moe;
-    struct tmx_kv_cache kv;   /* kv_store, attention: device addresses */
-    int max_blocks;           /* attention: entries of a block table */
-    struct output out[4];
-    int n_out;
-    unsigned char *got; /* outputs read by the last check */
-    size_t got_bytes;
-};
-
 static void *fail(struct tmx_conform_case *c, enum tmx_status st, const char *what) {
     if (c->status == TMX_OK) {
         c->status = st;
@@ -81,7 +41,7 @@ static int push(void ***list, size_t *n, size_t *cap, void *p) {
 }
 
 /* Zeroed host memory, freed with the case. */
-static void *host_alloc(struct tmx_conform_case *c, size_t nbytes) {
+void *cf_host_alloc(struct tmx_conform_case *c, size_t nbytes) {
     void *p = calloc(1, nbytes ? nbytes : 1);
     if (!p || !push(&c->host, &c->n_host, &c->cap_host, p)) {
         free(p);
@@ -91,7 +51,7 @@ static void *host_alloc(struct tmx_conform_case *c, size_t nbytes) {
 }
 
 /* A zeroed buffer of the kernel set. */
-static void *buffer(struct tmx_conform_case *c, size_t nbytes) {
+void *cf_buffer(struct tmx_conform_case *c, size_t nbytes) {
     void *dev = NULL;
     enum tmx_status st = c->ops->buf_alloc(c->ctx, nbytes, &dev);
     if (st != TMX_OK) return fail(c, st, "buf_alloc");
@@ -102,36 +62,36 @@ static void *buffer(struct tmx_conform_case *c, size_t nbytes) {
     return dev;
 }
 
-static void *upload(struct tmx_conform_case *c, const void *host, size_t nbytes) {
-    void *dev = host ? buffer(c, nbytes) : NULL;
+void *cf_upload(struct tmx_conform_case *c, const void *host, size_t nbytes) {
+    void *dev = host ? cf_buffer(c, nbytes) : NULL;
     if (!dev) return NULL;
     enum tmx_status st = c->ops->buf_write(c->ctx, dev, host, nbytes);
     return st == TMX_OK ? dev : fail(c, st, "buf_write");
 }
 
 /* splitmix64: a fixed stream per case name. */
-static uint64_t next_u64(struct tmx_conform_case *c) {
+uint64_t cf_next_u64(struct tmx_conform_case *c) {
     uint64_t z = (c->rng += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
 
-static double uniform(struct tmx_conform_case *c, double lo, double hi) {
-    return lo + (hi - lo) * (double)(next_u64(c) >> 11) * 0x1p-53;
+double cf_uniform(struct tmx_conform_case *c, double lo, double hi) {
+    return lo + (hi - lo) * (double)(cf_next_u64(c) >> 11) * 0x1p-53;
 }
 
 /* Uniform in [lo, hi]. */
-static int randint(struct tmx_conform_case *c, int lo, int hi) {
-    return lo + (int)(next_u64(c) % (uint64_t)(hi - lo + 1));
+int cf_randint(struct tmx_conform_case *c, int lo, int hi) {
+    return lo + (int)(cf_next_u64(c) % (uint64_t)(hi - lo + 1));
 }
 
 /* Random F32 values in [lo, hi], uploaded to a new buffer (*dev); returns the host copy. */
-static float *input(struct tmx_conform_case *c, size_t count, double lo, double hi, void **dev) {
-    float *h = host_alloc(c, count * sizeof *h);
+float *cf_input(struct tmx_conform_case *c, size_t count, double lo, double hi, void **dev) {
+    float *h = cf_host_alloc(c, count * sizeof *h);
     if (!h) return NULL;
-    for (size_t i = 0; i < count; i++) h[i] = (float)uniform(c, lo, hi);
-    *dev = upload(c, h, count * sizeof *h);
+    for (size_t i = 0; i < count; i++) h[i] = (float)cf_uniform(c, lo, hi);
+    *dev = cf_upload(c, h, count * sizeof *h);
     return *dev ? h : NULL;
 }
 
@@ -153,7 +113,7 @@ static int import(struct tmx_conform_case *c, struct tmx_tensor h, struct tmx_te
     char *msg = NULL;
     enum tmx_status st = c->ops->weight_import(c->ctx, &h, dev, &msg);
     if (st == TMX_ERR_UNSUPPORTED && h.dtype == TMX_DTYPE_MXFP8) {
-        uint16_t *bf16 = host_alloc(c, (size_t)tmx_tensor_numel(&h) * sizeof *bf16);
+        uint16_t *bf16 = cf_host_alloc(c, (size_t)tmx_tensor_numel(&h) * sizeof *bf16);
         if (!bf16) return 0;
         free(msg);
         msg = NULL;
@@ -183,7 +143,7 @@ static void weight_from(struct tmx_conform_case *c, enum tmx_dtype dt, int64_t r
                         double *vals, struct tmx_tensor *dev) {
     size_t count = (size_t)(rows * (cols ? cols : 1));
     struct tmx_tensor h = {.dtype = dt, .ndim = cols ? 2 : 1, .shape = {rows, cols}};
-    h.data = host_alloc(c, count * tmx_dtype_size(dt));
+    h.data = cf_host_alloc(c, count * tmx_dtype_size(dt));
     if (!h.data) return;
     for (size_t i = 0; i < count; i++) {
         if (dt == TMX_DTYPE_BF16) {
@@ -206,9 +166,9 @@ static void weight_from(struct tmx_conform_case *c, enum tmx_dtype dt, int64_t r
 static const double *weight(struct tmx_conform_case *c, enum tmx_dtype dt, int64_t rows,
                             int64_t cols, double lo, double hi, struct tmx_tensor *dev) {
     size_t count = (size_t)(rows * (cols ? cols : 1));
-    double *v = host_alloc(c, count * sizeof *v);
+    double *v = cf_host_alloc(c, count * sizeof *v);
     if (!v) return NULL;
-    for (size_t i = 0; i < count; i++) v[i] = uniform(c, lo, hi);
+    for (size_t i = 0; i < count; i++) v[i] = cf_uniform(c, lo, hi);
     weight_from(c, dt, rows, cols, v, dev);
     return c->status == TMX_OK ? v : NULL;
 }
@@ -218,15 +178,15 @@ static const double *weight(struct tmx_conform_case *c, enum tmx_dtype dt, int64
 static const double *weight_mxfp8(struct tmx_conform_case *c, int64_t rows, int64_t cols,
                                   struct tmx_tensor *dev) {
     const size_t count = (size_t)(rows * cols);
-    double *v = host_alloc(c, count * sizeof *v);
+    double *v = cf_host_alloc(c, count * sizeof *v);
     struct tmx_tensor h = {TMX_DTYPE_MXFP8, 2, {rows, cols}, NULL};
-    h.data = host_alloc(c, tmx_tensor_nbytes(&h));
+    h.data = cf_host_alloc(c, tmx_tensor_nbytes(&h));
     if (!v || !h.data) return NULL;
     uint8_t *q = h.data, *scale = q + count;
-    for (size_t b = 0; b < count / 32; b++) scale[b] = (uint8_t)(127 + randint(c, -12, -4));
+    for (size_t b = 0; b < count / 32; b++) scale[b] = (uint8_t)(127 + cf_randint(c, -12, -4));
     for (size_t i = 0; i < count; i++) {
         do {
-            q[i] = (uint8_t)randint(c, 0, 255);
+            q[i] = (uint8_t)cf_randint(c, 0, 255);
         } while ((q[i] & 0x7f) == 0x7f);
         v[i] = ldexp(tmx_e4m3_to_f32(q[i]), scale[i / 32] - 127);
     }
@@ -234,11 +194,24 @@ static const double *weight_mxfp8(struct tmx_conform_case *c, int64_t rows, int6
 }
 
 /* Declares buffer dev ([count] of dt) an output; returns its reference, to be filled. */
-static double *output(struct tmx_conform_case *c, void *dev, size_t count, enum tmx_dtype dt) {
-    double *ref = dev ? host_alloc(c, count * sizeof *ref) : NULL;
+double *cf_output(struct tmx_conform_case *c, void *dev, size_t count, enum tmx_dtype dt) {
+    double *ref = dev ? cf_host_alloc(c, count * sizeof *ref) : NULL;
     if (!ref) return NULL;
     c->out[c->n_out++] = (struct output){dev, count, dt, ref};
     return ref;
+}
+
+/* Element i of an array of dtype dt (a cache's before its row's scale; F64: conform's own). */
+double cf_elem(enum tmx_dtype dt, const void *data, size_t i) {
+    double f64;
+    switch (dt) {
+    case F64: return memcpy(&f64, (const double *)data + i, sizeof f64), f64; /* 4-aligned */
+    case TMX_DTYPE_BF16: return tmx_bf16_to_f32(((const uint16_t *)data)[i]);
+    case TMX_DTYPE_F8_E4M3: return tmx_e4m3_to_f32(((const uint8_t *)data)[i]);
+    case TMX_DTYPE_I8: return ((const int8_t *)data)[i];
+    case TMX_DTYPE_I32: return ((const int32_t *)data)[i];
+    default: return ((const float *)data)[i];
+    }
 }
 
 /* --- embed ------------------------------------------------------------------------------------ */
@@ -246,12 +219,12 @@ static double *output(struct tmx_conform_case *c, void *dev, size_t count, enum 
 static enum tmx_status embed_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     const double *table = weight(c, s->dt, s->m, s->d, -1, 1, &c->w);
-    int32_t *ids = host_alloc(c, (size_t)s->n * sizeof *ids);
+    int32_t *ids = cf_host_alloc(c, (size_t)s->n * sizeof *ids);
     if (!table || !ids) return c->status;
-    for (int t = 0; t < s->n; t++) ids[t] = randint(c, 0, s->m - 1);
-    c->arg[0] = upload(c, ids, (size_t)s->n * sizeof *ids);
-    c->arg[1] = buffer(c, (size_t)s->n * s->d * sizeof(float));
-    double *ref = output(c, c->arg[1], (size_t)s->n * s->d, TMX_DTYPE_F32);
+    for (int t = 0; t < s->n; t++) ids[t] = cf_randint(c, 0, s->m - 1);
+    c->arg[0] = cf_upload(c, ids, (size_t)s->n * sizeof *ids);
+    c->arg[1] = cf_buffer(c, (size_t)s->n * s->d * sizeof(float));
+    double *ref = cf_output(c, c->arg[1], (size_t)s->n * s->d, TMX_DTYPE_F32);
     if (!ref || !c->arg[0]) return c->status;
     for (int t = 0; t < s->n; t++)
         for (int i = 0; i < s->d; i++) ref[t * s->d + i] = table[(size_t)ids[t] * s->d + i];
@@ -268,11 +241,11 @@ static enum tmx_status rmsnorm_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     size_t count = (size_t)s->n * s->d;
     double range = s->flags & SMALL ? 1e-2 : 2;
-    const float *x = input(c, count, -range, range, &c->arg[0]);
+    const float *x = cf_input(c, count, -range, range, &c->arg[0]);
     const double *w = NULL;
     if (!(s->flags & NO_WEIGHT)) w = weight(c, s->dt, s->d, 0, 0.5, 1.5, &c->w);
-    c->arg[1] = s->flags & IN_PLACE ? c->arg[0] : buffer(c, count * sizeof(float));
-    double *ref = output(c, c->arg[1], count, TMX_DTYPE_F32);
+    c->arg[1] = s->flags & IN_PLACE ? c->arg[0] : cf_buffer(c, count * sizeof(float));
+    double *ref = cf_output(c, c->arg[1], count, TMX_DTYPE_F32);
     if (!x || !ref || c->status != TMX_OK) return c->status;
     for (int r = 0; r < s->n; r++) {
         const float *xr = x + (size_t)r * s->d;
@@ -304,11 +277,11 @@ static void matmul_ref(double *ref, const double *w, const float *x, int n, int 
 
 static enum tmx_status matmul_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
-    const float *x = input(c, (size_t)s->n * s->d, -1, 1, &c->arg[0]);
+    const float *x = cf_input(c, (size_t)s->n * s->d, -1, 1, &c->arg[0]);
     const double *w = s->dt == TMX_DTYPE_MXFP8 ? weight_mxfp8(c, s->m, s->d, &c->w)
                                                : weight(c, s->dt, s->m, s->d, -1, 1, &c->w);
-    c->arg[1] = buffer(c, (size_t)s->n * s->m * sizeof(float));
-    double *ref = output(c, c->arg[1], (size_t)s->n * s->m, TMX_DTYPE_F32);
+    c->arg[1] = cf_buffer(c, (size_t)s->n * s->m * sizeof(float));
+    double *ref = cf_output(c, c->arg[1], (size_t)s->n * s->m, TMX_DTYPE_F32);
     if (!x || !w || !ref) return c->status;
     matmul_ref(ref, w, x, s->n, s->m, s->d);
     return TMX_OK;
@@ -323,15 +296,15 @@ static void matmul_run(struct tmx_conform_case *c) {
 /* Weights of spec rows[] rows sharing x; each output's reference is its own matmul. */
 static enum tmx_status matmul_multi_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
-    const float *x = input(c, (size_t)s->n * s->d, -1, 1, &c->arg[0]);
+    const float *x = cf_input(c, (size_t)s->n * s->d, -1, 1, &c->arg[0]);
     if (!x) return c->status;
     for (c->n_wm = 0; c->n_wm < 4 && s->rows[c->n_wm] > 0; c->n_wm++) {
         const int i = c->n_wm, m = s->rows[i];
         const enum tmx_dtype dt = s->flags & MIXED && i == 1 ? TMX_DTYPE_F32 : s->dt;
         const double *w = dt == TMX_DTYPE_MXFP8 ? weight_mxfp8(c, m, s->d, &c->wm[i])
                                                 : weight(c, dt, m, s->d, -1, 1, &c->wm[i]);
-        c->arg[1 + i] = buffer(c, (size_t)s->n * m * sizeof(float));
-        double *ref = output(c, c->arg[1 + i], (size_t)s->n * m, TMX_DTYPE_F32);
+        c->arg[1 + i] = cf_buffer(c, (size_t)s->n * m * sizeof(float));
+        double *ref = cf_output(c, c->arg[1 + i], (size_t)s->n * m, TMX_DTYPE_F32);
         if (!w || !ref) return c->status;
         matmul_ref(ref, w, x, s->n, m, s->d);
     }
@@ -352,15 +325,15 @@ static enum tmx_status rope_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     int half = s->hd / 2;
     size_t count = (size_t)s->n * s->heads * s->hd;
-    const float *x = input(c, count, -1, 1, &c->arg[0]);
-    int32_t *pos = host_alloc(c, (size_t)s->n * sizeof *pos);
-    float *inv_freq = host_alloc(c, (size_t)half * sizeof *inv_freq);
+    const float *x = cf_input(c, count, -1, 1, &c->arg[0]);
+    int32_t *pos = cf_host_alloc(c, (size_t)s->n * sizeof *pos);
+    float *inv_freq = cf_host_alloc(c, (size_t)half * sizeof *inv_freq);
     if (!x || !pos || !inv_freq) return c->status;
-    for (int t = 0; t < s->n; t++) pos[t] = randint(c, 0, 4095);
+    for (int t = 0; t < s->n; t++) pos[t] = cf_randint(c, 0, 4095);
     for (int i = 0; i < half; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / s->hd);
-    c->arg[1] = upload(c, pos, (size_t)s->n * sizeof *pos);
-    c->arg[2] = upload(c, inv_freq, (size_t)half * sizeof *inv_freq);
-    double *ref = output(c, c->arg[0], count, TMX_DTYPE_F32);
+    c->arg[1] = cf_upload(c, pos, (size_t)s->n * sizeof *pos);
+    c->arg[2] = cf_upload(c, inv_freq, (size_t)half * sizeof *inv_freq);
+    double *ref = cf_output(c, c->arg[0], count, TMX_DTYPE_F32);
     if (!c->arg[1] || !c->arg[2] || !ref) return c->status;
     for (int t = 0; t < s->n; t++)
         for (int h = 0; h < s->heads; h++) {
@@ -382,20 +355,20 @@ static enum tmx_status qk_norm_rope_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     const int half = s->hd / 2, heads[2] = {s->heads, s->kv_heads};
     const int normed = !(s->flags & NO_WEIGHT);
-    int32_t *pos = host_alloc(c, (size_t)s->n * sizeof *pos);
-    float *inv_freq = host_alloc(c, (size_t)half * sizeof *inv_freq);
+    int32_t *pos = cf_host_alloc(c, (size_t)s->n * sizeof *pos);
+    float *inv_freq = cf_host_alloc(c, (size_t)half * sizeof *inv_freq);
     if (!pos || !inv_freq) return c->status;
-    for (int t = 0; t < s->n; t++) pos[t] = randint(c, 0, 4095);
+    for (int t = 0; t < s->n; t++) pos[t] = cf_randint(c, 0, 4095);
     for (int i = 0; i < half; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / s->hd);
-    c->arg[2] = upload(c, pos, (size_t)s->n * sizeof *pos);
-    c->arg[3] = upload(c, inv_freq, (size_t)half * sizeof *inv_freq);
+    c->arg[2] = cf_upload(c, pos, (size_t)s->n * sizeof *pos);
+    c->arg[3] = cf_upload(c, inv_freq, (size_t)half * sizeof *inv_freq);
     for (int qk = 0; qk < 2; qk++) {
         const size_t count = (size_t)s->n * heads[qk] * s->hd;
-        const float *x = input(c, count, -2, 2, &c->arg[qk]);
+        const float *x = cf_input(c, count, -2, 2, &c->arg[qk]);
         const double *w = normed ? weight(c, s->dt, s->hd, 0, 0.5, 1.5, qk ? &c->w : &c->wm[0])
                                  : NULL;
-        double *ref = output(c, c->arg[qk], count, TMX_DTYPE_F32);
-        double *row = host_alloc(c, (size_t)s->hd * sizeof *row);
+        double *ref = cf_output(c, c->arg[qk], count, TMX_DTYPE_F32);
+        double *row = cf_host_alloc(c, (size_t)s->hd * sizeof *row);
         if (!x || !ref || !row || !c->arg[2] || !c->arg[3] || c->status != TMX_OK)
             return c->status;
         for (size_t r = 0; r < (size_t)s->n * heads[qk]; r++) {
@@ -436,254 +409,6 @@ static void qk_norm_rope_parts(struct tmx_conform_case *c) {
 static void rope_run(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     c->ops->rope(c->ctx, c->arg[0], c->arg[1], c->arg[2], s->n, s->heads, s->hd);
-}
-
-/* --- the paged KV cache ----------------------------------------------------------------------- */
-
-/* kv_store's rounding as tmx/kernels.h states it, in F32 like the op: row x[hd] becomes codes
- * of dt at dst (element `at` on) and, for F8_E4M3 and I8, *scale = amax / 448 or amax / 127
- * with the row divided by it. Shared by the kv_store reference and the caches attention reads,
- * so both hold exactly the bytes a kernel set must produce. */
-static void quantize_row(enum tmx_dtype dt, const float *x, int hd, void *dst, size_t at,
-                         float *scale) {
-    float amax = 0;
-    for (int i = 0; i < hd; i++) amax = fmaxf(amax, fabsf(x[i]));
-    float s = amax / (dt == TMX_DTYPE_I8 ? 127.0f : 448.0f);
-    if (scale) *scale = s;
-    for (int i = 0; i < hd; i++) {
-        size_t e = at + (size_t)i;
-        switch (dt) {
-        case TMX_DTYPE_BF16: ((uint16_t *)dst)[e] = tmx_f32_to_bf16(x[i]); break;
-        case TMX_DTYPE_F8_E4M3: ((uint8_t *)dst)[e] = s > 0 ? tmx_f32_to_e4m3(x[i] / s) : 0; break;
-        case TMX_DTYPE_I8:
-            ((int8_t *)dst)[e] = (int8_t)(s > 0 ? fminf(fmaxf(rintf(x[i] / s), -127), 127) : 0);
-            break;
-        default: ((float *)dst)[e] = x[i]; break;
-        }
-    }
-}
-
-/* Element i of cache data of dtype dt, as F32 (before its row's scale). */
-static double cache_elem(enum tmx_dtype dt, const void *data, size_t i) {
-    double f64;
-    switch (dt) {
-    case F64: return memcpy(&f64, (const double *)data + i, sizeof f64), f64; /* 4-aligned */
-    case TMX_DTYPE_BF16: return tmx_bf16_to_f32(((const uint16_t *)data)[i]);
-    case TMX_DTYPE_F8_E4M3: return tmx_e4m3_to_f32(((const uint8_t *)data)[i]);
-    case TMX_DTYPE_I8: return ((const int8_t *)data)[i];
-    case TMX_DTYPE_I32: return ((const int32_t *)data)[i];
-    default: return ((const float *)data)[i];
-    }
-}
-
-/* Host copies of a cache: k, v [n_blocks * block][hkv][hd] of dt, scales [..][hkv] or NULL. */
-struct cache_host {
-    void *k, *v;
-    float *k_scale, *v_scale;
-};
-
-/* The case's cache, c->kv: n_blocks blocks every row of which holds random keys and values in
- * [-1, 1] as kv_store would have stored them (so unread rows hold plausible data too), uploaded
- * to the kernel set. */
-static enum tmx_status cache_new(struct tmx_conform_case *c, int n_blocks, struct cache_host *h) {
-    const struct spec *s = c->s;
-    int hd = s->hd, quantized = s->dt == TMX_DTYPE_F8_E4M3 || s->dt == TMX_DTYPE_I8;
-    size_t rows = (size_t)n_blocks * s->block * s->kv_heads;
-    size_t bytes = rows * hd * tmx_dtype_size(s->dt);
-    float *x = host_alloc(c, (size_t)hd * sizeof *x);
-    h->k = host_alloc(c, bytes);
-    h->v = host_alloc(c, bytes);
-    h->k_scale = quantized ? host_alloc(c, rows * sizeof(float)) : NULL;
-    h->v_scale = quantized ? host_alloc(c, rows * sizeof(float)) : NULL;
-    if (!x || c->status != TMX_OK) return c->status;
-    for (size_t r = 0; r < rows; r++)
-        for (int side = 0; side < 2; side++) {
-            for (int i = 0; i < hd; i++) x[i] = (float)uniform(c, -1, 1);
-            float *sc = side ? h->v_scale : h->k_scale;
-            quantize_row(s->dt, x, hd, side ? h->v : h->k, r * hd, sc ? sc + r : NULL);
-        }
-    c->kv = (struct tmx_kv_cache){s->dt, n_blocks, s->block, s->kv_heads, hd,
-                                  upload(c, h->k, bytes), upload(c, h->v, bytes), NULL, NULL};
-    if (quantized) {
-        c->kv.k_scale = upload(c, h->k_scale, rows * sizeof(float));
-        c->kv.v_scale = upload(c, h->v_scale, rows * sizeof(float));
-    }
-    return c->status;
-}
-
-/* Where n tokens of `seqs` sequences sit in a paged cache. */
-struct paged {
-    int n_blocks, max_blocks;
-    int32_t *tables;    /* [seqs][max_blocks]: block ids, -1 where no block is needed */
-    int32_t *seq, *pos; /* [n], tokens of the sequences interleaved */
-    int32_t *slots;     /* [n]: block * block_size + row of each token's position */
-};
-
-/* Sequence 0 is ctx positions long, the others between their token count and ctx; each
- * sequence's tokens are its last positions (a prefill chunk or a decode step). A table entry
- * stays -1 past the sequence's end and where the block lies wholly before the window of every
- * token of the sequence; the other entries get distinct ids in shuffled order from a pool two
- * blocks larger than needed. */
-static enum tmx_status paged_new(struct tmx_conform_case *c, struct paged *pg) {
-    const struct spec *s = c->s;
-    int S = s->seqs, bs = s->block, *count = host_alloc(c, (size_t)S * sizeof *count);
-    pg->max_blocks = (s->ctx + bs - 1) / bs + 1;
-    pg->tables = host_alloc(c, (size_t)S * pg->max_blocks * sizeof *pg->tables);
-    pg->seq = host_alloc(c, (size_t)s->n * sizeof *pg->seq);
-    pg->pos = host_alloc(c, (size_t)s->n * sizeof *pg->pos);
-    pg->slots = host_alloc(c, (size_t)s->n * sizeof *pg->slots);
-    int *ids = host_alloc(c, ((size_t)S * pg->max_blocks + 2) * sizeof *ids);
-    if (!count || !ids || c->status != TMX_OK) return c->status;
-    for (int q = 0; q < S; q++) count[q] = 1;
-    for (int t = S; t < s->n; t++) count[randint(c, 0, S - 1)]++;
-    int used = 0;
-    for (int q = 0, t = 0; q < S; q++) {
-        int len = q ? randint(c, count[q], s->ctx) : s->ctx, first = len - count[q];
-        int lo = s->window && first - s->window + 1 > 0 ? first - s->window + 1 : 0;
-        for (int i = 0; i < count[q]; i++, t++) pg->seq[t] = q, pg->pos[t] = first + i;
-        for (int b = 0; b < pg->max_blocks; b++) {
-            int needed = b * bs < len && (b + 1) * bs > lo;
-            pg->tables[q * pg->max_blocks + b] = needed ? used++ : -1;
-        }
-    }
-    pg->n_blocks = used + 2;
-    for (int b = 0; b < pg->n_blocks; b++) ids[b] = b; /* then shuffled: */
-    for (int b = pg->n_blocks - 1; b > 0; b--) {
-        int r = randint(c, 0, b), tmp = ids[b];
-        ids[b] = ids[r], ids[r] = tmp;
-    }
-    for (int i = 0; i < S * pg->max_blocks; i++)
-        if (pg->tables[i] >= 0) pg->tables[i] = ids[pg->tables[i]];
-    for (int t = s->n - 1; t > 0; t--) { /* interleave the sequences' tokens */
-        int r = randint(c, 0, t);
-        int32_t q = pg->seq[t], p = pg->pos[t];
-        pg->seq[t] = pg->seq[r], pg->pos[t] = pg->pos[r];
-        pg->seq[r] = q, pg->pos[r] = p;
-    }
-    for (int t = 0; t < s->n; t++)
-        pg->slots[t] = pg->tables[pg->seq[t] * pg->max_blocks + pg->pos[t] / bs] * bs +
-                       pg->pos[t] % bs;
-    return TMX_OK;
-}
-
-/* --- kv_store --------------------------------------------------------------------------------- */
-
-/* One value of a kv_store input row at index i. WIDE spreads values over 2^-21 .. 2, so that F8
- * rows reach subnormal codes and zero. TIES puts them halfway between two codes: the row's amax
- * (element 0) is 448 for F8 and 127 for I8, so the scale is 1 and x / scale is x. */
-static float store_value(struct tmx_conform_case *c, int i) {
-    enum tmx_dtype dt = c->s->dt;
-    double x = uniform(c, -1, 1);
-    if (c->s->flags & WIDE) x = ldexp(uniform(c, 1, 2), randint(c, -21, 0));
-    if (c->s->flags & TIES && dt == TMX_DTYPE_I8) x = i ? randint(c, -254, 254) / 2.0 : 127;
-    if (c->s->flags & TIES && dt == TMX_DTYPE_F8_E4M3) {
-        int code = randint(c, 0, 0x7d);
-        x = i ? (tmx_e4m3_to_f32((uint8_t)code) + tmx_e4m3_to_f32((uint8_t)(code + 1))) / 2 : 448;
-    }
-    if (c->s->flags & TIES && dt == TMX_DTYPE_BF16) {
-        uint32_t u = (uint32_t)tmx_f32_to_bf16((float)x) << 16 | 0x8000u;
-        float f;
-        memcpy(&f, &u, sizeof f);
-        x = f;
-    }
-    return (float)(next_u64(c) & 1 ? -x : x);
-}
-
-/* About one token in four is skipped (slot -1); token 0 is stored and its head-0 key row is all
- * zeros (scale 0). The references are the whole cache after the store, down to the bytes: rows
- * that no stored token names keep their old contents. */
-static enum tmx_status kv_store_new(struct tmx_conform_case *c) {
-    const struct spec *s = c->s;
-    int hkv = s->kv_heads, hd = s->hd;
-    size_t row = (size_t)hkv * hd, count = (size_t)s->n * row;
-    struct paged pg;
-    struct cache_host h;
-    float *k = host_alloc(c, count * sizeof *k), *v = host_alloc(c, count * sizeof *v);
-    if (!k || !v || paged_new(c, &pg) != TMX_OK || cache_new(c, pg.n_blocks, &h) != TMX_OK)
-        return c->status;
-    for (size_t i = 0; i < count; i++) k[i] = store_value(c, (int)(i % hd));
-    for (size_t i = 0; i < count; i++) v[i] = store_value(c, (int)(i % hd));
-    for (int t = 0; t < s->n; t++)
-        if (t && randint(c, 0, 3) == 0) pg.slots[t] = -1;
-    memset(k, 0, (size_t)hd * sizeof *k);
-    c->arg[0] = upload(c, k, count * sizeof *k);
-    c->arg[1] = upload(c, v, count * sizeof *v);
-    c->arg[2] = upload(c, pg.slots, (size_t)s->n * sizeof *pg.slots);
-    size_t rows = (size_t)pg.n_blocks * s->block * hkv;
-    double *ref_k = output(c, c->kv.k, rows * hd, s->dt);
-    double *ref_v = output(c, c->kv.v, rows * hd, s->dt);
-    double *ref_ks = h.k_scale ? output(c, c->kv.k_scale, rows, TMX_DTYPE_F32) : NULL;
-    double *ref_vs = h.k_scale ? output(c, c->kv.v_scale, rows, TMX_DTYPE_F32) : NULL;
-    if (!ref_k || !ref_v || (h.k_scale && (!ref_ks || !ref_vs)) || c->status != TMX_OK)
-        return c->status;
-    for (int t = 0; t < s->n; t++)
-        for (int head = 0; head < hkv && pg.slots[t] >= 0; head++) {
-            size_t r = (size_t)pg.slots[t] * hkv + head, x = ((size_t)t * hkv + head) * hd;
-            quantize_row(s->dt, k + x, hd, h.k, r * hd, h.k_scale ? h.k_scale + r : NULL);
-            quantize_row(s->dt, v + x, hd, h.v, r * hd, h.v_scale ? h.v_scale + r : NULL);
-        }
-    for (size_t i = 0; i < rows * hd; i++) {
-        ref_k[i] = cache_elem(s->dt, h.k, i);
-        ref_v[i] = cache_elem(s->dt, h.v, i);
-    }
-    for (size_t r = 0; ref_ks && r < rows; r++) ref_ks[r] = h.k_scale[r], ref_vs[r] = h.v_scale[r];
-    return TMX_OK;
-}
-
-static void kv_store_run(struct tmx_conform_case *c) {
-    c->ops->kv_store(c->ctx, &c->kv, c->arg[0], c->arg[1], c->arg[2], c->s->n);
-}
-
-/* --- attention -------------------------------------------------------------------------------- */
-
-/* The reference dequantizes the cache's bytes in double: what the op reads, exactly. */
-static enum tmx_status attention_new(struct tmx_conform_case *c) {
-    const struct spec *s = c->s;
-    int hq = s->heads, hkv = s->kv_heads, hd = s->hd, bs = s->block;
-    size_t q_count = (size_t)s->n * hq * hd;
-    struct paged pg;
-    struct cache_host h;
-    const float *q = input(c, q_count, -2, 2, &c->arg[0]);
-    double *score = host_alloc(c, (size_t)s->ctx * sizeof *score);
-    if (!q || !score || paged_new(c, &pg) != TMX_OK || cache_new(c, pg.n_blocks, &h) != TMX_OK)
-        return c->status;
-    c->max_blocks = pg.max_blocks;
-    c->arg[1] = upload(c, pg.tables, (size_t)s->seqs * pg.max_blocks * sizeof *pg.tables);
-    c->arg[2] = upload(c, pg.seq, (size_t)s->n * sizeof *pg.seq);
-    c->arg[3] = upload(c, pg.pos, (size_t)s->n * sizeof *pg.pos);
-    c->arg[4] = buffer(c, q_count * sizeof(float));
-    double *ref = output(c, c->arg[4], q_count, TMX_DTYPE_F32);
-    if (!ref || c->status != TMX_OK) return c->status;
-    float scale = 1 / sqrtf((float)hd);
-    for (int t = 0; t < s->n; t++)
-        for (int head = 0; head < hq; head++) {
-            const float *qh = q + ((size_t)t * hq + head) * hd;
-            const int32_t *table = pg.tables + pg.seq[t] * pg.max_blocks;
-            int p = pg.pos[t], lo = s->window && p - s->window + 1 > 0 ? p - s->window + 1 : 0;
-            double mx = -INFINITY, sum = 0;
-            for (int j = lo; j <= p; j++) {
-                size_t r = ((size_t)table[j / bs] * bs + j % bs) * hkv + head / (hq / hkv);
-                double dot = 0;
-                for (int i = 0; i < hd; i++) dot += qh[i] * cache_elem(s->dt, h.k, r * hd + i);
-                score[j] = dot * (h.k_scale ? h.k_scale[r] : 1) * scale;
-                mx = fmax(mx, score[j]);
-            }
-            double *o = ref + ((size_t)t * hq + head) * hd;
-            for (int j = lo; j <= p; j++) {
-                size_t r = ((size_t)table[j / bs] * bs + j % bs) * hkv + head / (hq / hkv);
-                double e = exp(score[j] - mx), w = e * (h.v_scale ? h.v_scale[r] : 1);
-                sum += e;
-                for (int i = 0; i < hd; i++) o[i] += w * cache_elem(s->dt, h.v, r * hd + i);
-            }
-            for (int i = 0; i < hd; i++) o[i] /= sum;
-        }
-    return TMX_OK;
-}
-
-static void attention_run(struct tmx_conform_case *c) {
-    const struct spec *s = c->s;
-    c->ops->attention(c->ctx, c->arg[4], c->arg[0], &c->kv, c->arg[1], c->max_blocks, c->arg[2],
-                      c->arg[3], s->n, s->heads, s->window, 1 / sqrtf((float)s->hd));
 }
 
 /* --- moe_route -------------------------------------------------------------------------------- */
@@ -728,25 +453,25 @@ static int route_robust(const struct spec *s, const float *logits, const double 
 static enum tmx_status moe_route_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     int ne = s->n_exp, k = s->top_k;
-    float *logits = host_alloc(c, (size_t)s->n * ne * sizeof *logits);
-    double *sc = host_alloc(c, (size_t)ne * sizeof *sc), *v = host_alloc(c, (size_t)ne * sizeof *v);
-    int *order = host_alloc(c, (size_t)ne * sizeof *order);
+    float *logits = cf_host_alloc(c, (size_t)s->n * ne * sizeof *logits);
+    double *sc = cf_host_alloc(c, (size_t)ne * sizeof *sc), *v = cf_host_alloc(c, (size_t)ne * sizeof *v);
+    int *order = cf_host_alloc(c, (size_t)ne * sizeof *order);
     double *bias = NULL;
-    if (!(s->flags & NO_WEIGHT) && (bias = host_alloc(c, (size_t)ne * sizeof *bias))) {
-        for (int e = 0; e < ne; e++) bias[e] = randint(c, -4, 4) / 16.0;
+    if (!(s->flags & NO_WEIGHT) && (bias = cf_host_alloc(c, (size_t)ne * sizeof *bias))) {
+        for (int e = 0; e < ne; e++) bias[e] = cf_randint(c, -4, 4) / 16.0;
         weight_from(c, TMX_DTYPE_F32, ne, 0, bias, &c->w);
     }
     if (!logits || !sc || !v || !order || c->status != TMX_OK) return c->status;
-    c->arg[2] = buffer(c, (size_t)s->n * k * sizeof(int32_t));
-    c->arg[3] = buffer(c, (size_t)s->n * k * sizeof(float));
-    double *ref_ids = output(c, c->arg[2], (size_t)s->n * k, TMX_DTYPE_I32);
-    double *ref_w = output(c, c->arg[3], (size_t)s->n * k, TMX_DTYPE_F32);
+    c->arg[2] = cf_buffer(c, (size_t)s->n * k * sizeof(int32_t));
+    c->arg[3] = cf_buffer(c, (size_t)s->n * k * sizeof(float));
+    double *ref_ids = cf_output(c, c->arg[2], (size_t)s->n * k, TMX_DTYPE_I32);
+    double *ref_w = cf_output(c, c->arg[3], (size_t)s->n * k, TMX_DTYPE_F32);
     if (!ref_ids || !ref_w) return c->status;
     for (int t = 0; t < s->n; t++) {
         float *lg = logits + (size_t)t * ne;
         do {
             for (int e = 0; e < ne; e++)
-                lg[e] = s->flags & TIES ? randint(c, -2, 2) / 2.0f : randint(c, -12, 12) / 4.0f;
+                lg[e] = s->flags & TIES ? cf_randint(c, -2, 2) / 2.0f : cf_randint(c, -12, 12) / 4.0f;
             route_ref(s, lg, bias, sc, v, order);
         } while (!route_robust(s, lg, bias, v, order));
         double picked = 0;
@@ -756,7 +481,7 @@ static enum tmx_status moe_route_new(struct tmx_conform_case *c) {
             ref_w[t * k + q] = sc[order[q]] / (s->flags & NO_NORM_TOPK ? 1 : picked) * s->scale;
         }
     }
-    c->arg[0] = upload(c, logits, (size_t)s->n * ne * sizeof *logits);
+    c->arg[0] = cf_upload(c, logits, (size_t)s->n * ne * sizeof *logits);
     return c->status;
 }
 
@@ -778,18 +503,18 @@ static enum tmx_status moe_experts_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     const int partial = s->op == OP_MOE_EXPERTS_PARTIAL;
     int ne = s->n_exp, k = s->top_k, lat = s->latent, inter = s->inter, range = s->expert0 + ne + 2;
-    const float *z = input(c, (size_t)s->n * lat, -1, 1, &c->arg[0]);
-    const float *pw = partial ? NULL : input(c, (size_t)s->n * k, 0.1, 1, &c->arg[2]);
-    int32_t *ids = host_alloc(c, (size_t)s->n * k * sizeof *ids);
-    int *pool = host_alloc(c, (size_t)range * sizeof *pool);
-    struct tmx_tensor *wt = host_alloc(c, 3 * (size_t)ne * sizeof *wt);
-    const double **wv = host_alloc(c, 3 * (size_t)ne * sizeof *wv);
-    double *hid = host_alloc(c, (size_t)inter * sizeof *hid), *y = host_alloc(c, lat * sizeof *y);
+    const float *z = cf_input(c, (size_t)s->n * lat, -1, 1, &c->arg[0]);
+    const float *pw = partial ? NULL : cf_input(c, (size_t)s->n * k, 0.1, 1, &c->arg[2]);
+    int32_t *ids = cf_host_alloc(c, (size_t)s->n * k * sizeof *ids);
+    int *pool = cf_host_alloc(c, (size_t)range * sizeof *pool);
+    struct tmx_tensor *wt = cf_host_alloc(c, 3 * (size_t)ne * sizeof *wt);
+    const double **wv = cf_host_alloc(c, 3 * (size_t)ne * sizeof *wv);
+    double *hid = cf_host_alloc(c, (size_t)inter * sizeof *hid), *y = cf_host_alloc(c, lat * sizeof *y);
     if (!z || (!pw && !partial) || !ids || !pool || !wt || !wv || !hid || !y) return c->status;
     for (int t = 0; t < s->n; t++) { /* partial Fisher-Yates over the id range */
         for (int e = 0; e < range; e++) pool[e] = e;
         for (int q = 0; q < k; q++) {
-            int r = randint(c, q, range - 1), tmp = pool[q];
+            int r = cf_randint(c, q, range - 1), tmp = pool[q];
             pool[q] = pool[r];
             pool[r] = tmp;
             ids[t * k + q] = pool[q];
@@ -803,10 +528,10 @@ static enum tmx_status moe_experts_new(struct tmx_conform_case *c) {
     }
     const double *post = NULL;
     if (!(s->flags & NO_WEIGHT) && !partial) post = weight(c, s->dt, lat, 0, 0.5, 1.5, &c->w);
-    c->arg[1] = upload(c, ids, (size_t)s->n * k * sizeof *ids);
+    c->arg[1] = cf_upload(c, ids, (size_t)s->n * k * sizeof *ids);
     const size_t rows = (size_t)s->n * (partial ? k : 1);
-    c->arg[3] = buffer(c, rows * lat * sizeof(float));
-    double *ref = output(c, c->arg[3], rows * lat, TMX_DTYPE_F32);
+    c->arg[3] = cf_buffer(c, rows * lat * sizeof(float));
+    double *ref = cf_output(c, c->arg[3], rows * lat, TMX_DTYPE_F32);
     if (!ref || c->status != TMX_OK) return c->status;
     c->moe = (struct tmx_moe_weights){ne, s->expert0, lat, inter, wt, wt + ne, wt + 2 * ne,
                                       post ? &c->w : NULL, EPS};
@@ -859,18 +584,18 @@ static void moe_experts_partial_run(struct tmx_conform_case *c) {
 static enum tmx_status moe_combine_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     const int k = s->top_k, lat = s->latent;
-    float *ye = host_alloc(c, (size_t)s->n * k * lat * sizeof *ye);
-    const float *pw = input(c, (size_t)s->n * k, 0.1, 1, &c->arg[1]);
+    float *ye = cf_host_alloc(c, (size_t)s->n * k * lat * sizeof *ye);
+    const float *pw = cf_input(c, (size_t)s->n * k, 0.1, 1, &c->arg[1]);
     if (!ye || !pw) return c->status;
     for (size_t r = 0; r < (size_t)s->n * k; r++) {
-        const double mag = r % 5 == 4 ? 1e-3 : uniform(c, 0.1, 8);
-        for (int d = 0; d < lat; d++) ye[r * lat + d] = (float)(mag * uniform(c, -1, 1));
+        const double mag = r % 5 == 4 ? 1e-3 : cf_uniform(c, 0.1, 8);
+        for (int d = 0; d < lat; d++) ye[r * lat + d] = (float)(mag * cf_uniform(c, -1, 1));
     }
-    c->arg[0] = upload(c, ye, (size_t)s->n * k * lat * sizeof *ye);
+    c->arg[0] = cf_upload(c, ye, (size_t)s->n * k * lat * sizeof *ye);
     const double *post = NULL;
     if (!(s->flags & NO_WEIGHT)) post = weight(c, s->dt, lat, 0, 0.5, 1.5, &c->w);
-    c->arg[2] = buffer(c, (size_t)s->n * lat * sizeof(float));
-    double *ref = output(c, c->arg[2], (size_t)s->n * lat, TMX_DTYPE_F32);
+    c->arg[2] = cf_buffer(c, (size_t)s->n * lat * sizeof(float));
+    double *ref = cf_output(c, c->arg[2], (size_t)s->n * lat, TMX_DTYPE_F32);
     if (!ref || !c->arg[0] || c->status != TMX_OK) return c->status;
     for (int t = 0; t < s->n; t++)
         for (int q = 0; q < k; q++) {
@@ -894,10 +619,10 @@ static void moe_combine_run(struct tmx_conform_case *c) {
 
 static enum tmx_status swiglu_new(struct tmx_conform_case *c) {
     size_t count = (size_t)c->s->n * c->s->d;
-    const float *gate = input(c, count, -6, 6, &c->arg[0]);
-    const float *up = input(c, count, -1, 1, &c->arg[1]);
-    c->arg[2] = c->s->flags & IN_PLACE ? c->arg[0] : buffer(c, count * sizeof(float));
-    double *ref = output(c, c->arg[2], count, TMX_DTYPE_F32);
+    const float *gate = cf_input(c, count, -6, 6, &c->arg[0]);
+    const float *up = cf_input(c, count, -1, 1, &c->arg[1]);
+    c->arg[2] = c->s->flags & IN_PLACE ? c->arg[0] : cf_buffer(c, count * sizeof(float));
+    double *ref = cf_output(c, c->arg[2], count, TMX_DTYPE_F32);
     if (!gate || !up || !ref) return c->status;
     for (size_t i = 0; i < count; i++) ref[i] = gate[i] / (1 + exp(-(double)gate[i])) * up[i];
     return TMX_OK;
@@ -912,11 +637,11 @@ static void swiglu_run(struct tmx_conform_case *c) {
 static enum tmx_status add_gated_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     size_t count = (size_t)s->n * s->d;
-    const float *h = input(c, count, -1, 1, &c->arg[0]);
-    const float *a = input(c, count, -1, 1, &c->arg[1]);
+    const float *h = cf_input(c, count, -1, 1, &c->arg[0]);
+    const float *a = cf_input(c, count, -1, 1, &c->arg[1]);
     const double *g = NULL;
     if (!(s->flags & NO_WEIGHT)) g = weight(c, s->dt, s->d, 0, -1, 1, &c->w);
-    double *ref = output(c, c->arg[0], count, TMX_DTYPE_F32);
+    double *ref = cf_output(c, c->arg[0], count, TMX_DTYPE_F32);
     if (!h || !a || !ref || c->status != TMX_OK) return c->status;
     for (size_t i = 0; i < count; i++) ref[i] = h[i] + (g ? g[i % s->d] : 1) * a[i];
     return TMX_OK;
@@ -934,16 +659,16 @@ static void add_gated_run(struct tmx_conform_case *c) {
 static enum tmx_status add_rmsnorm_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
     size_t count = (size_t)s->n * s->d;
-    const float *h = input(c, count, -1, 1, &c->arg[0]);
-    const float *a = input(c, count, -1, 1, &c->arg[1]);
+    const float *h = cf_input(c, count, -1, 1, &c->arg[0]);
+    const float *a = cf_input(c, count, -1, 1, &c->arg[1]);
     const double *g = NULL, *w = NULL;
     if (!(s->flags & NO_WEIGHT)) {
         g = weight(c, s->dt, s->d, 0, -1, 1, &c->wm[0]);
         w = weight(c, s->dt, s->d, 0, 0.5, 1.5, &c->w);
     }
-    c->arg[2] = buffer(c, count * sizeof(float));
-    double *ref_h = output(c, c->arg[0], count, TMX_DTYPE_F32);
-    double *ref = output(c, c->arg[2], count, TMX_DTYPE_F32);
+    c->arg[2] = cf_buffer(c, count * sizeof(float));
+    double *ref_h = cf_output(c, c->arg[0], count, TMX_DTYPE_F32);
+    double *ref = cf_output(c, c->arg[2], count, TMX_DTYPE_F32);
     if (!h || !a || !ref_h || !ref || c->status != TMX_OK) return c->status;
     for (int r = 0; r < s->n; r++) {
         double ss = 0;
@@ -978,13 +703,13 @@ static void add_rmsnorm_parts(struct tmx_conform_case *c) {
 /* Rows drawn with repeats, in any order. */
 static enum tmx_status gather_new(struct tmx_conform_case *c) {
     const struct spec *s = c->s;
-    const float *x = input(c, (size_t)s->m * s->d, -1, 1, &c->arg[0]);
-    int32_t *rows = host_alloc(c, (size_t)s->n * sizeof *rows);
+    const float *x = cf_input(c, (size_t)s->m * s->d, -1, 1, &c->arg[0]);
+    int32_t *rows = cf_host_alloc(c, (size_t)s->n * sizeof *rows);
     if (!x || !rows) return c->status;
-    for (int i = 0; i < s->n; i++) rows[i] = randint(c, 0, s->m - 1);
-    c->arg[1] = upload(c, rows, (size_t)s->n * sizeof *rows);
-    c->arg[2] = buffer(c, (size_t)s->n * s->d * sizeof(float));
-    double *ref = output(c, c->arg[2], (size_t)s->n * s->d, TMX_DTYPE_F32);
+    for (int i = 0; i < s->n; i++) rows[i] = cf_randint(c, 0, s->m - 1);
+    c->arg[1] = cf_upload(c, rows, (size_t)s->n * sizeof *rows);
+    c->arg[2] = cf_buffer(c, (size_t)s->n * s->d * sizeof(float));
+    double *ref = cf_output(c, c->arg[2], (size_t)s->n * s->d, TMX_DTYPE_F32);
     if (!ref || !c->arg[1]) return c->status;
     for (int i = 0; i < s->n; i++)
         for (int j = 0; j < s->d; j++) ref[(size_t)i * s->d + j] = x[(size_t)rows[i] * s->d + j];
@@ -993,174 +718,6 @@ static enum tmx_status gather_new(struct tmx_conform_case *c) {
 
 static void gather_run(struct tmx_conform_case *c) {
     c->ops->gather(c->ctx, c->arg[2], c->arg[0], c->arg[1], c->s->n, c->s->d);
-}
-
-/* --- argmax ----------------------------------------------------------------------------------- */
-
-/* Uniform rows; TIES: five values, so that the largest repeats across the row; SPECIAL: NaN and
- * infinities sprinkled in, row 0 NaN only, row 1 -inf only, row 2 +inf twice. */
-static enum tmx_status argmax_new(struct tmx_conform_case *c) {
-    const struct spec *s = c->s;
-    const int ld = s->m ? s->m : s->d;
-    const size_t count = (size_t)s->n * ld;
-    float *x = host_alloc(c, count * sizeof *x);
-    if (!x) return c->status;
-    for (size_t i = 0; i < count; i++) {
-        const size_t r = i / ld;
-        float v = s->flags & TIES ? (float)randint(c, 0, 4) : (float)uniform(c, -8, 8);
-        if (s->flags & SPECIAL) {
-            const int u = randint(c, 0, 99);
-            v = r == 0 ? NAN : r == 1 ? -INFINITY : u < 10 ? NAN : u < 13 ? -INFINITY : v;
-            if (r == 2 && (i % ld == 77 || i % ld == 5000)) v = INFINITY;
-        }
-        x[i] = v;
-    }
-    c->arg[0] = upload(c, x, count * sizeof *x);
-    c->arg[1] = buffer(c, (size_t)s->n * sizeof(int32_t));
-    c->arg[2] = buffer(c, (size_t)s->n * sizeof(float));
-    double *ids = output(c, c->arg[1], (size_t)s->n, TMX_DTYPE_I32);
-    double *best = output(c, c->arg[2], (size_t)s->n, TMX_DTYPE_F32);
-    if (!ids || !best || !c->arg[0]) return c->status;
-    for (int r = 0; r < s->n; r++) {
-        const float *xr = x + (size_t)r * ld;
-        int at = -1;
-        for (int i = 0; i < s->d; i++)
-            if (!isnan(xr[i]) && (at < 0 || xr[i] > xr[at])) at = i;
-        ids[r] = at < 0 ? 0 : at;
-        best[r] = xr[at < 0 ? 0 : at];
-    }
-    return TMX_OK;
-}
-
-static void argmax_run(struct tmx_conform_case *c) {
-    const struct spec *s = c->s;
-    c->ops->argmax(c->ctx, c->arg[1], c->arg[2], c->arg[0], s->n, s->d, s->m ? s->m : s->d);
-}
-
-/* --- topk ------------------------------------------------------------------------------------- */
-
-struct topk_cand {
-    float y;
-    int32_t id;
-};
-
-static int topk_cmp(const void *a, const void *b) {
-    const struct topk_cand *x = a, *y = b;
-    if (x->y != y->y) return x->y > y->y ? -1 : 1;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
-/* Uniform rows at temperatures in [0.3, 2] (row 0 at 1); TIES: five values; SPECIAL: NaN and
- * -inf sprinkled in, row 0 NaN only, row 1 -inf only, row 2 five candidates. The reference
- * sorts every candidate; xs and ids must match exactly, stats to double rounding. */
-static enum tmx_status topk_new(struct tmx_conform_case *c) {
-    const struct spec *s = c->s;
-    const int ld = s->m ? s->m : s->d, k = s->top_k;
-    const size_t count = (size_t)s->n * ld;
-    float *x = host_alloc(c, count * sizeof *x), *temps = host_alloc(c, s->n * sizeof *temps);
-    struct topk_cand *cand = host_alloc(c, (size_t)s->d * sizeof *cand);
-    if (!x || !temps || !cand) return c->status;
-    for (size_t i = 0; i < count; i++) {
-        const size_t r = i / ld, col = i % ld;
-        float v = s->flags & TIES ? (float)randint(c, 0, 4) : (float)uniform(c, -8, 8);
-        if (s->flags & SPECIAL) {
-            const int u = randint(c, 0, 99);
-            v = r == 0 ? NAN : r == 1 ? -INFINITY : u < 10 ? NAN : u < 13 ? -INFINITY : v;
-            if (r == 2 && col % 1000 != 7) v = col % 2 ? NAN : -INFINITY;
-        }
-        x[i] = v;
-    }
-    for (int r = 0; r < s->n; r++) temps[r] = r == 0 ? 1.0f : (float)uniform(c, 0.3, 2.0);
-    c->arg[0] = upload(c, x, count * sizeof *x);
-    c->arg[1] = upload(c, temps, s->n * sizeof *temps);
-    c->arg[2] = buffer(c, (size_t)s->n * k * sizeof(float));
-    c->arg[3] = buffer(c, (size_t)s->n * k * sizeof(int32_t));
-    c->arg[4] = buffer(c, (size_t)s->n * 3 * sizeof(double));
-    double *xs = output(c, c->arg[2], (size_t)s->n * k, TMX_DTYPE_F32);
-    double *ids = output(c, c->arg[3], (size_t)s->n * k, TMX_DTYPE_I32);
-    double *stats = output(c, c->arg[4], (size_t)s->n * 3, F64);
-    if (!xs || !ids || !stats || !c->arg[0] || !c->arg[1]) return c->status;
-    for (int r = 0; r < s->n; r++) {
-        const float *xr = x + (size_t)r * ld;
-        int n = 0;
-        for (int i = 0; i < s->d; i++)
-            if (!isnan(xr[i]) && xr[i] != -INFINITY)
-                cand[n++] = (struct topk_cand){xr[i] / temps[r], i};
-        qsort(cand, (size_t)n, sizeof *cand, topk_cmp);
-        double sum = 0, sum1 = 0;
-        for (int i = 0; i < n; i++) {
-            sum += exp((double)cand[i].y - cand[0].y);
-            sum1 += exp((double)xr[cand[i].id] - xr[cand[0].id]);
-        }
-        for (int i = 0; i < k; i++) {
-            xs[(size_t)r * k + i] = i < n ? xr[cand[i].id] : -INFINITY;
-            ids[(size_t)r * k + i] = i < n ? cand[i].id : -1;
-        }
-        stats[3 * r] = sum;
-        stats[3 * r + 1] = n;
-        stats[3 * r + 2] = sum1;
-    }
-    return TMX_OK;
-}
-
-static void topk_run(struct tmx_conform_case *c) {
-    const struct spec *s = c->s;
-    c->ops->topk(c->ctx, c->arg[2], c->arg[3], c->arg[4], c->arg[0], c->arg[1], s->n, s->d,
-                 s->m ? s->m : s->d, s->top_k);
-}
-
-/* --- logit_edit ------------------------------------------------------------------------------ */
-
-/* Rows of uniform logits (SPECIAL: NaN, infinities and signed zeros sprinkled in), each with up
- * to top_k edits of distinct ids drawn around the slice [lo, lo + d), so that some fall outside
- * it: biases, penalties and repetition penalties each present or not. The reference is the
- * header's rule written out; the edited rows must match it exactly, the stride's columns
- * untouched. */
-static enum tmx_status logit_edit_new(struct tmx_conform_case *c) {
-    const struct spec *s = c->s;
-    const int ld = s->m ? s->m : s->d, lo = s->expert0;
-    const int first = lo > 20 ? lo - 20 : 0, span = lo + s->d + 20 - first;
-    const size_t count = (size_t)s->n * ld;
-    float *x = host_alloc(c, count * sizeof *x);
-    int32_t *starts = host_alloc(c, ((size_t)s->n + 1) * sizeof *starts);
-    struct tmx_logit_edit *e = host_alloc(c, (size_t)s->n * s->top_k * sizeof *e);
-    if (!x || !starts || !e) return c->status;
-    const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f};
-    for (size_t i = 0; i < count; i++)
-        x[i] = s->flags & SPECIAL && randint(c, 0, 3) == 0 ? specials[randint(c, 0, 4)]
-                                                          : (float)uniform(c, -8, 8);
-    const float reps[] = {1.0f, 1.3f, 0.75f};
-    int n = 0;
-    for (int r = 0; r < s->n; r++) {
-        starts[r] = n;
-        const int want = randint(c, 0, s->top_k);
-        for (int id = first; id < first + span && n - starts[r] < want; id++)
-            if (randint(c, 0, span - 1) < want)
-                e[n++] = (struct tmx_logit_edit){
-                    id, randint(c, 0, 2) ? (float)uniform(c, -5, 5) : 0.0f,
-                    randint(c, 0, 1) ? (float)uniform(c, 0, 4) : 0.0f, reps[randint(c, 0, 2)]};
-    }
-    starts[s->n] = n;
-    c->arg[0] = upload(c, x, count * sizeof *x);
-    c->arg[1] = upload(c, e, (n ? n : 1) * sizeof *e);
-    c->arg[2] = upload(c, starts, ((size_t)s->n + 1) * sizeof *starts);
-    double *ref = output(c, c->arg[0], count, TMX_DTYPE_F32);
-    if (!ref || !c->arg[1] || !c->arg[2]) return c->status;
-    for (size_t i = 0; i < count; i++) ref[i] = x[i];
-    for (int r = 0; r < s->n; r++)
-        for (int i = starts[r]; i < starts[r + 1]; i++) {
-            const int col = e[i].id - lo;
-            if (col < 0 || col >= s->d) continue;
-            const float v = (x[(size_t)r * ld + col] + e[i].bias) - e[i].penalty;
-            ref[(size_t)r * ld + col] = v > 0 ? v / e[i].rep : v * e[i].rep;
-        }
-    return TMX_OK;
-}
-
-static void logit_edit_run(struct tmx_conform_case *c) {
-    const struct spec *s = c->s;
-    c->ops->logit_edit(c->ctx, c->arg[0], c->arg[1], c->arg[2], s->n, s->m ? s->m : s->d,
-                       s->expert0, s->d);
 }
 
 /* --- the ops ---------------------------------------------------------------------------------- */
@@ -1182,10 +739,10 @@ static const struct {
     [OP_MATMUL] = {"matmul", offsetof(struct tmx_kernels_i, matmul), 1e-5, matmul_new,
                    matmul_run},
     [OP_ROPE] = {"rope", offsetof(struct tmx_kernels_i, rope), 1e-5, rope_new, rope_run},
-    [OP_KV_STORE] = {"kv_store", offsetof(struct tmx_kernels_i, kv_store), 0, kv_store_new,
-                     kv_store_run},
+    [OP_KV_STORE] = {"kv_store", offsetof(struct tmx_kernels_i, kv_store), 0, cf_kv_store_new,
+                     cf_kv_store_run},
     [OP_ATTENTION] = {"attention", offsetof(struct tmx_kernels_i, attention), 1e-5,
-                      attention_new, attention_run},
+                      cf_attention_new, cf_attention_run},
     [OP_MOE_ROUTE] = {"moe_route", offsetof(struct tmx_kernels_i, moe_route), 1e-5,
                       moe_route_new, moe_route_run},
     [OP_MOE_EXPERTS] = {"moe_experts", offsetof(struct tmx_kernels_i, moe_experts), 2e-5,
@@ -1200,12 +757,12 @@ static const struct {
                                 moe_experts_new, moe_experts_partial_run},
     [OP_MOE_COMBINE] = {"moe_combine", offsetof(struct tmx_kernels_i, moe_combine), 1e-5,
                         moe_combine_new, moe_combine_run},
-    [OP_ARGMAX] = {"argmax", offsetof(struct tmx_kernels_i, argmax), 0, argmax_new, argmax_run},
+    [OP_ARGMAX] = {"argmax", offsetof(struct tmx_kernels_i, argmax), 0, cf_argmax_new, cf_argmax_run},
     [OP_MATMUL_MULTI] = {"matmul_multi", offsetof(struct tmx_kernels_i, matmul_multi), 1e-5,
                          matmul_multi_new, matmul_multi_run},
-    [OP_TOPK] = {"topk", offsetof(struct tmx_kernels_i, topk), 1e-10, topk_new, topk_run},
+    [OP_TOPK] = {"topk", offsetof(struct tmx_kernels_i, topk), 1e-10, cf_topk_new, cf_topk_run},
     [OP_LOGIT_EDIT] = {"logit_edit", offsetof(struct tmx_kernels_i, logit_edit), 0,
-                       logit_edit_new, logit_edit_run},
+                       cf_logit_edit_new, cf_logit_edit_run},
     [OP_ADD_RMSNORM] = {"add_rmsnorm", offsetof(struct tmx_kernels_i, add_rmsnorm), 1e-5,
                         add_rmsnorm_new, add_rmsnorm_run, add_rmsnorm_parts},
     [OP_QK_NORM_ROPE] = {"qk_norm_rope", offsetof(struct tmx_kernels_i, qk_norm_rope), 1e-5,
@@ -1284,7 +841,7 @@ int tmx_conform_case_run_parts(struct tmx_conform_case *c) {
 static double compare(const struct output *o, const unsigned char *got) {
     double diff = 0, mag = 0;
     for (size_t i = 0; i < o->count; i++) {
-        double g = cache_elem(o->dt, got, i);
+        double g = cf_elem(o->dt, got, i);
         if (o->dt == TMX_DTYPE_I32) {
             if (g != o->ref[i]) return INFINITY;
             continue;
