@@ -731,8 +731,7 @@ static const struct {
     double tol;
     enum tmx_status (*setup)(struct tmx_conform_case *c);
     void (*run)(struct tmx_conform_case *c);
-    void (*parts)(struct tmx_conform_case *c); /* the ops a fused op stands for, or NULL */
-} op_defs[] = {
+} op_defs[N_CONFORM_OPS] = {
     [OP_EMBED] = {"embed", offsetof(struct tmx_kernels_i, embed), 0, embed_new, embed_run},
     [OP_RMSNORM] = {"rmsnorm", offsetof(struct tmx_kernels_i, rmsnorm), 1e-5, rmsnorm_new,
                     rmsnorm_run},
@@ -764,9 +763,15 @@ static const struct {
     [OP_LOGIT_EDIT] = {"logit_edit", offsetof(struct tmx_kernels_i, logit_edit), 0,
                        cf_logit_edit_new, cf_logit_edit_run},
     [OP_ADD_RMSNORM] = {"add_rmsnorm", offsetof(struct tmx_kernels_i, add_rmsnorm), 1e-5,
-                        add_rmsnorm_new, add_rmsnorm_run, add_rmsnorm_parts},
+                        add_rmsnorm_new, add_rmsnorm_run},
     [OP_QK_NORM_ROPE] = {"qk_norm_rope", offsetof(struct tmx_kernels_i, qk_norm_rope), 1e-5,
-                         qk_norm_rope_new, qk_norm_rope_run, qk_norm_rope_parts},
+                         qk_norm_rope_new, qk_norm_rope_run},
+};
+
+/* A fused op's case run as the ops it stands for; NULL for the others. */
+static void (*const op_parts[N_CONFORM_OPS])(struct tmx_conform_case *c) = {
+    [OP_ADD_RMSNORM] = add_rmsnorm_parts,
+    [OP_QK_NORM_ROPE] = qk_norm_rope_parts,
 };
 
 /* Whether the set's table is large enough to hold the op and the op is non-NULL. */
@@ -830,8 +835,8 @@ void tmx_conform_case_run(struct tmx_conform_case *c) {
 }
 
 int tmx_conform_case_run_parts(struct tmx_conform_case *c) {
-    if (!op_defs[c->s->op].parts) return 0;
-    op_defs[c->s->op].parts(c);
+    if (!op_parts[c->s->op]) return 0;
+    op_parts[c->s->op](c);
     return 1;
 }
 
