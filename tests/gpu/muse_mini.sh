@@ -8,7 +8,10 @@
 #   1. tmx quantize muse-mini to K3 with both codecs on the machine's cores (the builds are too
 #      large to carry beside the teacher: the device tool takes 64 MiB)
 #   2. teacher, K3 e4m3 and K3 fp4: 64 greedy tokens with kernels cpu and cuda, texts compared
-#   3. logits: tmx eval-kld with the CPU as teacher and CUDA as model, same checkpoint
+#   3. logits: tmx eval-kld with the CPU as teacher and CUDA as model, same checkpoint, over
+#      tests/gpu/muse-mini-text.txt (three 1,000-token samples of muse-mini on the CPU, seeds
+#      1-3 at temperature 1, prompts "Chapter 1." to "Chapter 3."): a fixed text, so that runs
+#      compare
 #   4. decode tokens/s over 256 tokens: cuda with graphs, cuda eager, cpu
 #   5. sampled (temperature 0.8, top-p 0.95, seed 7): 64 tokens with kernels cpu and cuda,
 #      texts compared (the draws are the same wherever the logits round alike), and decode
@@ -63,7 +66,7 @@ for m in teacher k3-e4m3 k3-fp4; do
     [ "$m" = teacher ] || dir=$work/$m
     same=$(cpu_vs_cuda greedy)
     sampled=$(cpu_vs_cuda sampled "${sample[@]}")
-    kld=$("$bin/tmx" eval-kld --teacher "$dir" --model "$dir" --text README.md --window 512 \
+    kld=$("$bin/tmx" eval-kld --teacher "$dir" --model "$dir" --text tests/gpu/muse-mini-text.txt --window 512 \
             --max-windows 4 --calib none --resamples 500 --teacher-set kernels=cpu \
             --model-set kernels=cuda 2>> "$log" | grep '^headline' | cut -c 30-)
     speeds=""
