@@ -2,9 +2,11 @@
  *
  * The filters and the draw read the candidates in order of probability, but rarely more than
  * the first few hundred of them: instead of sorting the vocabulary, the sampler selects the
- * first ones (quickselect) and sorts only those, and more when a walk goes past them. */
+ * first ones (quickselect) and sorts only those (a radix sort), and more when a walk goes past
+ * them. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tmx/sampler.h"
 
@@ -20,6 +22,7 @@ struct tmx_sampler {
     double u;          /* a draw's number that tmx_sampler_sample_top took and left to
                           tmx_sampler_sample; < 0: none */
     struct cand *cand; /* [n_vocab] scratch */
+    struct cand *tmp;  /* [n_vocab] scratch: the radix sort's other buffer */
     double *e;         /* [n_vocab] scratch: exp(logit - max) of the survivors, by token id */
 };
 
@@ -59,9 +62,10 @@ enum tmx_status tmx_sampler_new(const struct tmx_sampler_params *p, int n_vocab,
     struct tmx_sampler *s = calloc(1, sizeof *s);
     if (s) {
         s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+        s->tmp = malloc((size_t)n_vocab * sizeof *s->tmp);
         s->e = malloc((size_t)n_vocab * sizeof *s->e);
     }
-    if (!s || !s->cand || !s->e) {
+    if (!s || !s->cand || !s->tmp || !s->e) {
         tmx_sampler_free(s);
         return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
@@ -77,6 +81,7 @@ enum tmx_status tmx_sampler_new(const struct tmx_sampler_params *p, int n_vocab,
 void tmx_sampler_free(struct tmx_sampler *s) {
     if (!s) return;
     free(s->cand);
+    free(s->tmp);
     free(s->e);
     free(s);
 }
@@ -96,8 +101,39 @@ static int before(const struct cand *x, const struct cand *y) {
     return x->logit > y->logit || (x->logit == y->logit && x->id < y->id);
 }
 
-static int cand_cmp(const void *a, const void *b) {
-    return before(a, b) ? -1 : before(b, a);
+/* The same order as one unsigned key, ascending: the logit's bits mapped so that larger
+ * floats give smaller numbers (-0 as +0, equal as `before` has them), then the id. */
+static uint64_t cand_key(struct cand c) {
+    uint32_t u;
+    memcpy(&u, &c.logit, sizeof u);
+    if (u == 0x80000000u) u = 0;
+    u = u & 0x80000000u ? u : ~u & 0x7fffffffu; /* ascending floats -> descending keys */
+    return (uint64_t)u << 32 | (uint32_t)c.id;
+}
+
+/* Sorts c[0..n) in candidate order: a least-significant-digit radix sort on cand_key, a byte
+ * a pass, skipping the bytes every key shares (an id's high bytes), through tmp[n]. */
+static void sort_cands(struct cand *c, int n, struct cand *tmp) {
+    uint32_t count[8][256] = {{0}};
+    for (int i = 0; i < n; i++) {
+        const uint64_t key = cand_key(c[i]);
+        for (int d = 0; d < 8; d++) count[d][key >> 8 * d & 0xff]++;
+    }
+    struct cand *from = c, *to = tmp;
+    for (int d = 0; d < 8; d++) {
+        uint32_t *at = count[d], sum = 0;
+        if (n == 0 || at[cand_key(c[0]) >> 8 * d & 0xff] == (uint32_t)n) continue;
+        for (int b = 0; b < 256; b++) {
+            const uint32_t m = at[b];
+            at[b] = sum;
+            sum += m;
+        }
+        for (int i = 0; i < n; i++) to[at[cand_key(from[i]) >> 8 * d & 0xff]++] = from[i];
+        struct cand *t = from;
+        from = to;
+        to = t;
+    }
+    if (from != c) memcpy(c, from, (size_t)n * sizeof *c);
 }
 
 static void swap(struct cand *x, struct cand *y) {
@@ -114,13 +150,13 @@ static void swap(struct cand *x, struct cand *y) {
  * middle and last. */
 enum { SAMPLE = 256 };
 
-static void pivot_to_end(struct cand *c, int lo, int hi, int k) {
+static void pivot_to_end(struct cand *c, int lo, int hi, int k, struct cand *tmp) {
     const int n = hi - lo;
     int at;
     if (n >= 16 * SAMPLE) {
         for (int j = 0; j < SAMPLE; j++) /* from c[lo + SAMPLE..hi), so none is moved twice */
             swap(&c[lo + j], &c[lo + SAMPLE + (int)((int64_t)j * (n - SAMPLE) / SAMPLE)]);
-        qsort(c + lo, SAMPLE, sizeof *c, cand_cmp);
+        sort_cands(c + lo, SAMPLE, tmp);
         const double f = (double)(k - lo) / n;
         const int want = (int)(f * SAMPLE + 2.0 * sqrt(SAMPLE * f * (1.0 - f)) + 1.0);
         at = lo + (want < SAMPLE - 1 ? want : SAMPLE - 1);
@@ -136,15 +172,15 @@ static void pivot_to_end(struct cand *c, int lo, int hi, int k) {
 
 /* Moves the k first candidates of c[0..n) (in candidate order) to c[0..k), unordered, for
  * 0 < k < n: quickselect. Partitions that keep coming out lopsided (an adversarial order) end
- * in a sort of what is left, so the worst case is O(n log n). */
-static void select_first(struct cand *c, int n, int k) {
+ * in a sort of what is left, so the worst case is O(n). */
+static void select_first(struct cand *c, int n, int k, struct cand *tmp) {
     int lo = 0, hi = n, rounds = 64;
     while (lo < k && k < hi) { /* c[0..lo) are among the first k, c[hi..n) are not */
         if (rounds-- == 0) {
-            qsort(c + lo, (size_t)(hi - lo), sizeof *c, cand_cmp);
+            sort_cands(c + lo, hi - lo, tmp);
             return;
         }
-        pivot_to_end(c, lo, hi, k);
+        pivot_to_end(c, lo, hi, k, tmp);
         const struct cand pivot = c[hi - 1];
         int store = lo;
         for (int i = lo; i < hi - 1; i++)
@@ -162,6 +198,7 @@ enum { FIRST_CHUNK = 256, GROWTH = 8 };
 
 struct order {
     struct cand *cand;
+    struct cand *tmp; /* scratch for sort_cands */
     const double *e; /* exp(logit - max) by token id */
     int n;        /* candidates */
     int n_known;  /* cand[0..n_known) are at hand: n, or the first ones of a kernel set's topk */
@@ -179,8 +216,8 @@ static void sort_upto(struct order *o, int k) {
     if (want > o->n) want = o->n;
     struct cand *rest = o->cand + o->n_sorted;
     const int m = want - o->n_sorted;
-    if (want < o->n) select_first(rest, o->n - o->n_sorted, m);
-    qsort(rest, (size_t)m, sizeof *rest, cand_cmp);
+    if (want < o->n) select_first(rest, o->n - o->n_sorted, m, o->tmp);
+    sort_cands(rest, m, o->tmp);
     o->n_sorted = want;
 }
 
@@ -249,7 +286,7 @@ int32_t tmx_sampler_sample(struct tmx_sampler *s, const float *logits) {
     const struct tmx_sampler_params *p = &s->p;
     if (p->temperature == 0.0f) return argmax(logits, s->n_vocab);
 
-    struct order o = {.cand = s->cand, .e = s->e, .max = -INFINITY};
+    struct order o = {.cand = s->cand, .tmp = s->tmp, .e = s->e, .max = -INFINITY};
     for (int i = 0; i < s->n_vocab; i++)
         if (!isnan(logits[i]) && logits[i] != -INFINITY) {
             const float x = logits[i] / p->temperature;
@@ -258,7 +295,7 @@ int32_t tmx_sampler_sample(struct tmx_sampler *s, const float *logits) {
         }
     if (o.n == 0) return argmax(logits, s->n_vocab);
     if (p->top_k > 0 && p->top_k < o.n) { /* the survivors, all sorted */
-        select_first(s->cand, o.n, p->top_k);
+        select_first(s->cand, o.n, p->top_k, s->tmp);
         o.n = p->top_k;
         sort_upto(&o, o.n);
     }
@@ -279,7 +316,7 @@ int32_t tmx_sampler_sample_top(struct tmx_sampler *s, const struct tmx_sampler_t
     if (t->n < 1 || t->k < 1) return -1; /* the whole row says what to do */
     const int known = t->k < t->n ? t->k : t->n;
     for (int i = 0; i < known; i++) s->cand[i] = (struct cand){t->x[i] / p->temperature, t->id[i]};
-    struct order o = {.cand = s->cand, .e = s->e, .n = t->n, .n_known = known,
+    struct order o = {.cand = s->cand, .tmp = s->tmp, .e = s->e, .n = t->n, .n_known = known,
                       .n_sorted = known, .max = s->cand[0].logit, .sum = t->sum};
     if (p->top_k > 0 && p->top_k < o.n) { /* as tmx_sampler_sample sums the survivors */
         if (p->top_k > known) return -1;

@@ -191,26 +191,29 @@ static int32_t ref_sample(const struct tmx_sampler_params *p, uint64_t *rng,
 }
 
 /* Rows of logits the draws are checked on. */
-enum shape { PEAKED, QUARTERS, TIED, FLAT };
+enum shape { PEAKED, QUARTERS, SIGNED, TIED, FLAT };
 
-/* logits[n] of a shape, from gen: a few that stand out, 17 distinct values (quarters), all
- * equal, or all within 0.01; -inf at 17 and NaN at 4000. */
+/* logits[n] of a shape, from gen: a few that stand out, 17 distinct values (quarters), quarters
+ * from -4 to 4 with every zero's sign drawn (-0 ties +0), all equal, or all within 0.01; -inf
+ * at 17 and NaN at 4000. */
 static void fill_logits(float *logits, int n, enum shape shape, uint64_t *gen) {
     for (int i = 0; i < n; i++) {
         const double u = (double)(ref_splitmix64(gen) >> 11) * 0x1.0p-53;
         logits[i] = shape == PEAKED     ? (float)(24.0 * u * u * u * u)
                   : shape == QUARTERS ? roundf((float)(4.0 * u) * 4.0f) / 4.0f
+                  : shape == SIGNED   ? roundf((float)(8.0 * u - 4.0) * 4.0f) / 4.0f
                   : shape == TIED     ? 1.5f
                                       : (float)(0.01 * u);
+        if (shape == SIGNED && logits[i] == 0.0f && ref_splitmix64(gen) & 1) logits[i] = -0.0f;
     }
     logits[17] = -INFINITY;
     logits[4000] = NAN;
 }
 
 /* The sampler sorts only the candidates its filters and draw reach: over vocabularies large
- * enough for its sampled pivots, logits with many ties (rounded to quarters, or all equal),
- * -inf and NaN, and every filter alone and together, it draws exactly the reference's tokens
- * from the same seeds. */
+ * enough for its sampled pivots, logits with many ties (rounded to quarters, of both signs and
+ * both zeros, or all equal), -inf and NaN, and every filter alone and together, it draws
+ * exactly the reference's tokens from the same seeds. */
 static void test_partial_sort_draws_what_a_full_sort_draws(void **state) {
     (void)state;
     enum { V = 6000, DRAWS = 12 };
@@ -225,7 +228,7 @@ static void test_partial_sort_draws_what_a_full_sort_draws(void **state) {
     assert_non_null(logits);
     assert_non_null(cand);
     uint64_t gen = 77;
-    static const enum shape shapes[] = {PEAKED, QUARTERS, TIED};
+    static const enum shape shapes[] = {PEAKED, QUARTERS, SIGNED, TIED};
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
         fill_logits(logits, V, shapes[sh], &gen);
         for (size_t k = 0; k < sizeof settings / sizeof settings[0]; k++) {

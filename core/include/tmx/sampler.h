@@ -6,8 +6,8 @@
  * likely token) -> draw with a seeded PRNG. The filters and the draw walk the candidates from
  * the most likely down, the lower id first among equal logits, and one draw takes one number
  * from the PRNG, scaled by the kept probabilities' sum (1 when the filters keep every
- * candidate). Time per draw: O(n_vocab) plus sorting the candidates the walk reaches. The
- * sampler owns its scratch memory (16 bytes per vocabulary entry). */
+ * candidate). Time per draw: O(n_vocab). The sampler owns its scratch memory (24 bytes per
+ * vocabulary entry). */
 #ifndef TMX_SAMPLER_H
 #define TMX_SAMPLER_H
 
