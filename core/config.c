@@ -46,6 +46,7 @@ static const struct core_key {
     {"kv_tokens", KEY_INT, "TMX_KV_TOKENS", "0", 0, INT_MAX},
     {"prefix_cache", KEY_BOOL, "TMX_PREFIX_CACHE", "true", 0, 0},
     {"graphs", KEY_BOOL, "TMX_GRAPHS", "true", 0, 0},
+    {"warmup", KEY_BOOL, "TMX_WARMUP", "true", 0, 0},
     {"tp", KEY_INT, "TMX_TP", "1", 1, 1024},
 };
 #define N_CORE_KEYS (sizeof core_keys / sizeof core_keys[0])

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tmx/log.h"
 #include "tmx/serve.h"
 #include "tmx/template.h"
 #include "tmx/tmx.h"
@@ -602,6 +603,45 @@ static void *loop(void *arg) {
     return NULL;
 }
 
+/* What the first requests would run, run before any arrives, so that they do not pay for first
+ * calls and first touches: a prompt of a whole step's tokens (config key batch, at most the
+ * context less 3; its buffers' pages are touched the first time a step is that wide), then one
+ * decode step of each kind the scheduler makes (greedy, top where it takes top steps, logits;
+ * on CUDA the first launches load the modules, cuBLASLt makes its first calls and the decode
+ * graphs of one sequence are recorded). The sequence is freed after; its prompt's blocks stay
+ * in the prefix cache as any request's do. */
+static enum tmx_status warm_up(struct tmx_serve *s, char **err) {
+    const int n = s->n_batch < s->n_ctx - 3 ? s->n_batch : s->n_ctx - 3;
+    if (n < 1) return TMX_OK; /* a context too short to bother */
+    const double t0 = now();
+    int32_t *tokens = malloc((size_t)n * sizeof *tokens), next = 0;
+    if (!tokens) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) tokens[i] = i % s->n_vocab;
+    struct tmx_seq *q = NULL;
+    enum tmx_status st = tmx_seq_new(s->m, s->n_ctx, &q, err);
+    if (st == TMX_OK) st = tmx_seq_reserve(q, n + 3, err);
+    const int32_t *tok = tokens;
+    int len = n, steps = 0;
+    const float temp = 1.0f;
+    if (st == TMX_OK) st = tmx_model_step_greedy(s->m, &q, &tok, &len, 1, s->n_vocab, &next, err);
+    tok = &next;
+    len = 1;
+    for (int kind = 0; st == TMX_OK && kind < 3; kind++) { /* greedy, top, logits */
+        if (kind == 1 && !tmx_model_can_top(s->m)) continue;
+        st = kind == 0 ? tmx_model_step_greedy(s->m, &q, &tok, &len, 1, s->n_vocab, &next, err)
+           : kind == 1 ? tmx_model_step_top(s->m, &q, &tok, &len, 1, s->n_vocab, &temp, NULL,
+                                            NULL, s->top_x, s->top_id, s->top_stat, err)
+                       : tmx_model_step(s->m, &q, &tok, &len, 1, s->logits, err);
+        steps += st == TMX_OK;
+    }
+    tmx_seq_free(q);
+    free(tokens);
+    if (st == TMX_OK)
+        tmx_log(TMX_LOG_INFO, "warm-up: a %d-token prompt and %d decode steps in %.1f ms", n, steps,
+                1e3 * (now() - t0));
+    return st;
+}
+
 /* --- the public side ----------------------------------------------------------------------- */
 
 enum tmx_status tmx_serve_new(struct tmx_engine *e, struct tmx_serve **out, char **err) {
@@ -649,6 +689,10 @@ enum tmx_status tmx_serve_new(struct tmx_engine *e, struct tmx_serve **out, char
         return tmx_err(err, st, "%s", terr ? terr : "out of memory");
     }
     free(terr);
+    if (tmx_config_bool(cfg, "warmup") && (st = warm_up(s, err)) != TMX_OK) {
+        tmx_serve_free(s);
+        return st;
+    }
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake, NULL);
     if (pthread_create(&s->thread, NULL, loop, s) != 0) {

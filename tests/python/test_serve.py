@@ -284,6 +284,26 @@ def test_prefix_cache_hits_are_counted(tiny):
     assert 0 <= m1.kv_usage <= 1
 
 
+def test_warm_up_runs_the_model_and_gives_its_blocks_back(tiny):
+    # The server runs a whole step's prompt (batch = 32 tokens: ids 0..31) and decode steps
+    # before it takes requests, then frees that sequence: nothing is in use and no request is
+    # counted, but the prompt's two blocks of 16 are in the prefix cache, so a request that
+    # starts with the same ids finds them, and gets the same tokens as without the warm-up.
+    prompt = list(range(40))
+    got = {}
+    for warm in ("true", "false"):
+        with Engine(tiny, ["threads=2", "batch=32", "kv_block_size=16", f"warmup={warm}"]) as eng:
+            srv = Server(eng)
+            m0, u = metrics(srv), eng.kv_usage()
+            assert m0.prompt_tokens == 0 and m0.generation_tokens == 0
+            assert u.full_used == 0 and u.sliding_used == 0
+            got[warm] = tokens(srv.wait(srv.submit(prompt, 8)))
+            m1 = metrics(srv)
+            srv.close()
+        assert m1.prefix_cache_hits == (32 if warm == "true" else 0)
+    assert got["true"] == got["false"]
+
+
 def test_generation_config_eos_ends_generation(tiny, tmp_path):
     # An id listed only in generation_config.json stops generation too (gpt-oss lists <|call|>
     # there).

@@ -270,6 +270,7 @@ static void test_print(void **state) {
     assert_int_equal(json_integer_value(json_object_get(j, "seed")), 11);
     assert_int_equal(json_integer_value(json_object_get(j, "context")), 4096);
     assert_string_equal(json_string_value(json_object_get(j, "log_level")), "info");
+    assert_true(json_is_true(json_object_get(j, "warmup")));
     assert_string_equal(json_string_value(json_array_get(json_object_get(j, "load"), 0)),
                         "codec.int8");
     json_t *plugins = json_object_get(j, "plugins");
@@ -279,7 +280,7 @@ static void test_print(void **state) {
     assert_string_equal(
         json_string_value(json_object_get(json_object_get(plugins, "kernels.cpu"), "label")),
         "fast");
-    assert_int_equal(json_object_size(j), 20); /* every core key and "plugins" */
+    assert_int_equal(json_object_size(j), 21); /* every core key and "plugins" */
     json_decref(j);
     tmx_config_free(cfg);
     unlink(path);
