@@ -26,11 +26,17 @@
 
 struct cpu_ctx {
     const struct tmx_host *host;
-    struct cpu_pool *pool;
+    struct tmx_pool *pool;
     enum tmx_status status; /* first failure since the last sync */
     void *scratch;          /* grown on demand; one op at a time uses it */
     size_t scratch_size;
 };
+
+/* A task of an op: tmx_pool_fn without the thread index, which the ops do not need. */
+typedef void (*cpu_task_fn)(void *arg, int64_t task);
+
+/* tmx_pool_run for such tasks. */
+void cpu_pool_run(struct tmx_pool *pool, int64_t n_tasks, cpu_task_fn fn, void *arg);
 
 /* Records a failure (the first one since the last sync wins) and logs its message. */
 void cpu_fail(struct cpu_ctx *c, enum tmx_status st, const char *fmt, ...)

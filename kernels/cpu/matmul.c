@@ -109,7 +109,7 @@ void cpu_matmul(void *ctx, float *y, const float *x, const struct tmx_tensor *w,
     if (j.tokens_per_task > n) j.tokens_per_task = n;
     j.token_tasks = (n + j.tokens_per_task - 1) / j.tokens_per_task;
     /* Row blocks: about TASKS_PER_THREAD per thread, each worth handing out, whole tiles. */
-    int64_t row_tasks = (int64_t)cpu_pool_threads(c->pool) * TASKS_PER_THREAD;
+    int64_t row_tasks = (int64_t)tmx_pool_threads(c->pool) * TASKS_PER_THREAD;
     int64_t rows = (j.m + row_tasks - 1) / row_tasks;
     int64_t min_rows = MIN_TASK_MACS / (j.k * j.tokens_per_task);
     if (rows < min_rows) rows = min_rows;

@@ -101,12 +101,28 @@ void cpu_to_f32(float *dst, const void *src, enum tmx_dtype dt, int64_t off, int
     }
 }
 
+struct cpu_task {
+    cpu_task_fn fn;
+    void *arg;
+};
+
+static void run_task(void *arg, int64_t task, int thread) {
+    const struct cpu_task *t = arg;
+    (void)thread;
+    t->fn(t->arg, task);
+}
+
+void cpu_pool_run(struct tmx_pool *pool, int64_t n_tasks, cpu_task_fn fn, void *arg) {
+    struct cpu_task t = {fn, arg};
+    tmx_pool_run(pool, n_tasks, run_task, &t);
+}
+
 /* --- lifecycle ------------------------------------------------------------------------------ */
 
 static void cpu_fini(void *ctx) {
     struct cpu_ctx *c = ctx;
     if (!c) return;
-    cpu_pool_free(c->pool);
+    tmx_pool_free(c->pool);
     free(c->scratch);
     free(c);
 }
@@ -126,7 +142,7 @@ static enum tmx_status cpu_init(const struct tmx_host *host, const struct tmx_op
     struct cpu_ctx *c = calloc(1, sizeof *c);
     if (!c) return host->err(err, TMX_ERR_NOMEM, "kernels.cpu: out of memory");
     c->host = host;
-    if (cpu_pool_new((int)threads, &c->pool) != TMX_OK) {
+    if (tmx_pool_new((int)threads, TMX_POOL_SPIN, &c->pool) != TMX_OK) {
         cpu_fini(c);
         return host->err(err, TMX_ERR_NOMEM, "kernels.cpu: cannot start %lld threads",
                          (long long)threads);

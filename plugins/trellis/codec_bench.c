@@ -93,7 +93,7 @@ static void matrix_free(struct tmx_trellis_matrix *m) {
 }
 
 struct decode_job {
-    struct trellis_pool *pool;
+    struct tmx_pool *pool;
     const struct tmx_trellis_matrix *m;
     float (*out)[TMX_TRELLIS_TILE]; /* [threads] */
 };
@@ -106,7 +106,7 @@ static void decode_strip(void *arg, int64_t tr, int thread) {
 
 static void decode_all(void *arg) {
     struct decode_job *j = arg;
-    trellis_pool_run(j->pool, j->m->rows / 16, decode_strip, j);
+    tmx_pool_run(j->pool, j->m->rows / 16, decode_strip, j);
 }
 
 struct block_job {
@@ -157,8 +157,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "trellis-codec-bench: threads 1..64, side a multiple of 128\n");
         return 2;
     }
-    struct trellis_pool *one, *many;
-    if (trellis_pool_new(1, &one) != TMX_OK || trellis_pool_new(threads, &many) != TMX_OK) return 2;
+    struct tmx_pool *one, *many;
+    if (tmx_pool_new(1, TMX_POOL_SPIN, &one) != TMX_OK || tmx_pool_new(threads, TMX_POOL_SPIN, &many) != TMX_OK) return 2;
     struct tmx_trellis_law laws[2];
     if (tmx_trellis_law_init(&laws[0], TMX_TRELLIS_LAW_E4M3, 1.0f, NULL) != TMX_OK ||
         tmx_trellis_law_init(&laws[1], TMX_TRELLIS_LAW_E2M1, 0.5625f, NULL) != TMX_OK)
@@ -211,7 +211,7 @@ int main(int argc, char **argv) {
         for (int p = 0; p < 3; p++) matrix_free(&mats[p]);
     }
     free(signs);
-    trellis_pool_free(one);
-    trellis_pool_free(many);
+    tmx_pool_free(one);
+    tmx_pool_free(many);
     return 0;
 }

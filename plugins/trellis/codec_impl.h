@@ -19,7 +19,7 @@ struct trellis_codec {
     const struct tmx_trellis_codec_spec *spec;
     enum tmx_trellis_codec_id id;
     int serving;                 /* 1: activations in the serving formats (§7); 0: F32 */
-    struct trellis_pool *pool;
+    struct tmx_pool *pool;
     size_t budget;               /* TRELLIS_SCRATCH_BUDGET (tests lower it) */
     void *scratch;               /* moe_experts' buffers, grown on demand up to the budget */
     size_t scratch_size;

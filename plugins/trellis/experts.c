@@ -33,7 +33,7 @@
 enum tmx_status trellis_codec_new(const struct tmx_host *host, enum tmx_trellis_codec_id id,
                                   int threads, int serving, struct trellis_codec **out) {
     struct trellis_codec *c = calloc(1, sizeof *c);
-    if (!c || trellis_pool_new(threads, &c->pool) != TMX_OK) {
+    if (!c || tmx_pool_new(threads, TMX_POOL_YIELD, &c->pool) != TMX_OK) {
         free(c);
         return TMX_ERR_NOMEM;
     }
@@ -71,7 +71,7 @@ enum tmx_status tmx_trellis_codec_init(const struct tmx_host *host, const struct
 void tmx_trellis_codec_fini(void *ctx) {
     struct trellis_codec *c = ctx;
     if (!c) return;
-    trellis_pool_free(c->pool);
+    tmx_pool_free(c->pool);
     free(c->scratch);
     free(c);
 }
@@ -331,7 +331,7 @@ static enum tmx_status run_experts(struct trellis_codec *c, const struct trellis
 
     /* Tokens go in chunks whose buffers fit the budget (at least one token a chunk); the
      * chunking depends on n alone, and no token's arithmetic depends on its chunk. */
-    const int threads = trellis_pool_threads(c->pool);
+    const int threads = tmx_pool_threads(c->pool);
     struct step s = {.c = c, .l = l, .k = k, .eps = eps};
     const size_t base = step_layout(&s, NULL, 0, threads),
                  per_token = step_layout(&s, NULL, 1, threads) - base;
@@ -356,11 +356,11 @@ static enum tmx_status run_experts(struct trellis_codec *c, const struct trellis
         s.weights = partial ? NULL : weights + t0 * k;
         int64_t n_pairs;
         const int64_t n_groups = sort_pairs(&s, ids + t0 * k, nt, &n_pairs);
-        trellis_pool_run(c->pool, nt, phase_input, &s);
-        trellis_pool_run(c->pool, n_groups * (l->inter / ROWS_PER_ITEM), phase_gate_up, &s);
-        trellis_pool_run(c->pool, n_pairs, phase_mid, &s);
-        trellis_pool_run(c->pool, n_groups * (l->latent / ROWS_PER_ITEM), phase_down, &s);
-        trellis_pool_run(c->pool, nt, partial ? phase_pairs : phase_output, &s);
+        tmx_pool_run(c->pool, nt, phase_input, &s);
+        tmx_pool_run(c->pool, n_groups * (l->inter / ROWS_PER_ITEM), phase_gate_up, &s);
+        tmx_pool_run(c->pool, n_pairs, phase_mid, &s);
+        tmx_pool_run(c->pool, n_groups * (l->latent / ROWS_PER_ITEM), phase_down, &s);
+        tmx_pool_run(c->pool, nt, partial ? phase_pairs : phase_output, &s);
     }
     return TMX_OK;
 }
