@@ -32,7 +32,8 @@ static float absmax(const float *x, int64_t n) {
 
 float tmx_trellis_act_e4m3(const float *x, int64_t n, uint8_t *q) {
     const int e = tmx_trellis_pow2_exp(absmax(x, n), E4M3_MAX);
-    for (int64_t i = 0; i < n; i++) q[i] = trellis_e4m3_rne(ldexp(x[i], -e));
+    const double down = ldexp(1.0, -e); /* exact in double, and so is every product */
+    for (int64_t i = 0; i < n; i++) q[i] = trellis_e4m3_rne(x[i] * down);
     return ldexpf(1.0f, e);
 }
 
@@ -56,8 +57,8 @@ float tmx_trellis_act_nvfp4(const float *x, int64_t n, uint8_t *q, uint8_t *scal
 void tmx_trellis_mxfp8_quantize(const float *x, int64_t n, uint8_t *q, uint8_t *scales) {
     for (int64_t b = 0; b < n / 32; b++) {
         const int e = tmx_trellis_pow2_exp(absmax(x + 32 * b, 32), E4M3_MAX);
+        const double down = ldexp(1.0, -e); /* exact, as in tmx_trellis_act_e4m3 */
         scales[b] = (uint8_t)(e + 127);
-        for (int i = 0; i < 32; i++)
-            q[32 * b + i] = trellis_e4m3_rne(ldexp(x[32 * b + i], -e));
+        for (int i = 0; i < 32; i++) q[32 * b + i] = trellis_e4m3_rne(x[32 * b + i] * down);
     }
 }
