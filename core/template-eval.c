@@ -188,7 +188,10 @@ static int eval_call(struct render *r, struct frame *f, const struct expr *e, st
     int rc;
     if (e->a->kind == X_ATTR) {
         if (eval(r, f, e->a->a, &obj)) return -1;
-        if (obj.kind == V_NS) tpl_getattr(&obj, e->a->name, &callee);
+        if (obj.kind == V_NS) {
+            tpl_getattr(&obj, e->a->name, &callee);
+            if (callee.kind == V_UNDEF) callee.name = e->a->name; /* the template's: lives on */
+        }
     } else if (eval(r, f, e->a, &callee)) {
         return -1;
     }
@@ -282,6 +285,7 @@ static int eval(struct render *r, struct frame *f, const struct expr *e, struct 
     case X_ATTR:
         if (eval(r, f, e->a, &a)) return -1;
         tpl_getattr(&a, e->name, out);
+        if (out->kind == V_UNDEF) out->name = e->name; /* the template's: lives on */
         val_drop(&a);
         return 0;
     case X_ITEM:

@@ -302,7 +302,8 @@ int ns_set(struct render *r, struct ns *ns, const char *name, struct val v); /* 
 int tpl_undefined(struct render *r, const struct srcpos *at, const struct val *v);
 
 /* Operators (template-ops.c). obj.name is a dict key or a namespace attribute, obj[key] an
- * item; both are undefined when missing. bound[3] are a slice's start, stop and step. */
+ * item; both are undefined when missing, with no name (the caller may give it one that lives as
+ * long as the value). bound[3] are a slice's start, stop and step. */
 void tpl_getattr(const struct val *obj, const char *name, struct val *out);
 int tpl_getitem(struct render *r, const struct val *obj, const struct val *key, struct val *out);
 int tpl_slice(struct render *r, const struct srcpos *at, const struct val *obj,

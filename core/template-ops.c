@@ -11,7 +11,7 @@
 /* --- access ----------------------------------------------------------------------------- */
 
 void tpl_getattr(const struct val *obj, const char *name, struct val *out) {
-    *out = val_undef(name);
+    *out = val_undef(NULL); /* no name: name may not outlive the lookup (a key, a buffer) */
     if (obj->kind == V_NS) {
         for (int i = 0; i < obj->ns->n; i++)
             if (strcmp(obj->ns->vars[i].name, name) == 0) *out = val_dup(&obj->ns->vars[i].v);

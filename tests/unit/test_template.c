@@ -427,6 +427,13 @@ static void test_runtime_errors(void **state) {
     check_error("{{ 1 + 'a' }}", 0, TMX_ERR_INVALID,
                 "t:1:6: unsupported operand type(s) for +: 'int' and 'str'");
     check_error("{{ x + 1 }}", 0, TMX_ERR_INVALID, "'x' is undefined");
+    check_error("{{ d.x + 1 }}", "{\"d\": {}}", TMX_ERR_INVALID, "'x' is undefined");
+    /* Undefined values looked up by a computed key or attr(): the key is gone by the time the
+     * value is used, so the message names nothing (fuzz_template found the name read after the
+     * key was freed). */
+    check_error("{{ d['a' ~ 'b'] * 2 }}", "{\"d\": {}}", TMX_ERR_INVALID, "t:1:17: undefined value");
+    check_error("{% set n = namespace() %}{{ (n | attr('z' ~ 'y')) * 2 }}", 0, TMX_ERR_INVALID,
+                "undefined value");
     check_error("{{ nofn() }}", 0, TMX_ERR_INVALID, "t:1:4: 'nofn' is undefined");
     check_error("{{ x | nosuch }}", 0, TMX_ERR_INVALID, "t:1:6: no filter named 'nosuch'");
     check_error("{{ x is nosuch }}", 0, TMX_ERR_INVALID, "no test named 'nosuch'");
