@@ -18,6 +18,8 @@ for t in "${targets[@]}"; do
   extra=()
   if [ "$t" = fuzz_safetensors ]; then
     extra=(-dict=../tests/fuzz/safetensors.dict ../tests/fuzz/seeds)
+  elif [ "$t" = fuzz_api_http ]; then
+    extra=(../tests/fuzz/http) # one request of each route and feature, so that mutations start deep
   fi
   echo "== $t: $seconds s"
   ./bin/"$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
