@@ -202,6 +202,7 @@ struct ns {
     struct ns *next;  /* the render's list of namespaces */
     struct var *vars; /* [n] */
     int n, cap;
+    int printing;     /* inside its own text: a namespace that holds itself prints once */
 };
 
 /* One scope: a macro call, a loop iteration, or the template's top level (parent NULL). */

@@ -395,6 +395,11 @@ static void json_repr(struct sbuf *b, const json_t *j) {
 static void other_str(struct sbuf *b, const struct val *v) {
     switch (v->kind) {
     case V_NS: {
+        if (v->ns->printing) { /* {% set ns.me = ns %}: as Python prints a dict that holds itself */
+            sb_puts(b, "<Namespace {...}>");
+            break;
+        }
+        v->ns->printing = 1;
         sb_puts(b, "<Namespace {");
         for (int i = 0; i < v->ns->n; i++) {
             if (i) sb_puts(b, ", ");
@@ -403,6 +408,7 @@ static void other_str(struct sbuf *b, const struct val *v) {
             val_repr(b, &v->ns->vars[i].v);
         }
         sb_puts(b, "}>");
+        v->ns->printing = 0;
         break;
     }
     case V_MACRO: sb_printf(b, "<Macro '%s'>", v->macro->name); break;

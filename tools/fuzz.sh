@@ -18,6 +18,8 @@ for t in "${targets[@]}"; do
   extra=()
   if [ "$t" = fuzz_safetensors ]; then
     extra=(-dict=../tests/fuzz/safetensors.dict ../tests/fuzz/seeds)
+  elif [ "$t" = fuzz_template ]; then
+    extra=(../tests/fuzz/template) # small templates of our own that use most of the language
   elif [ "$t" = fuzz_api_http ]; then
     extra=(../tests/fuzz/http) # one request of each route and feature, so that mutations start deep
   fi

@@ -212,6 +212,9 @@ static void test_statements(void **state) {
         {"{% set ns = namespace() %}{% set ns.found = true %}{{ ns.found }}"
          "{{ ns.missing is defined }}", ctx, "TrueFalse"},
         {"{% set ns = namespace(d) %}{{ ns.b }}", ctx, "2"},
+        /* a namespace that holds itself prints once (fuzz_template: the printing recursed) */
+        {"{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }}", ctx,
+         "<Namespace {'a': 1, 'me': <Namespace {...}>}>"},
         {"{% set b %}hi {{ 1 }}{% endset %}[{{ b }}]{% set c | upper | replace('I', '!') %}"
          "hi{% endset %}{{ c }}", ctx, "[hi 1]H!"},
         {"{% set a, b = [1, 2] %}{{ b }}{{ a }}{% set t = (3, 4) %}{{ t[1] }}", ctx, "214"},
