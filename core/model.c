@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "model-impl.h"
+#include "tmx/log.h"
 #include "tmx/pack.h"
 
 /* Keeps a host array the model converted (it must outlive the imported weight). */
@@ -363,6 +364,17 @@ static enum tmx_status open_codec(struct tmx_model *m, const char *dir, struct t
         st = m->codec_ops->init(tmx_host_get(), tmx_plugins_opts(ps, m->codec), &m->codec_ctx,
                                 err);
         if (st != TMX_OK) m->codec_ops->fini(m->codec_ctx); /* safe after a failed init */
+    }
+    /* A host-memory set lends the codec its threads: two pools on the same cores would take
+     * them from each other, the idle one spinning while the other works. */
+    const struct tmx_kernels_i *kops = m->k->ops;
+    if (st == TMX_OK && (m->k->plugin->caps & TMX_CAP_HOST_MEMORY) &&
+        TMX_OPS_HAS(kops, host_threads) && TMX_OPS_HAS(m->codec_ops, use_threads)) {
+        struct tmx_threads threads;
+        kops->host_threads(m->k->ctx, &threads);
+        m->codec_ops->use_threads(m->codec_ctx, &threads);
+        tmx_log(TMX_LOG_DEBUG, "codec.%s runs on kernel set %s's %d threads", m->codec->name,
+                m->k->plugin->name, threads.n_threads);
     }
     if (st != TMX_OK) m->codec = NULL;
     return st;

@@ -21,9 +21,8 @@ struct tmx_pool;
 typedef void (*tmx_pool_fn)(void *arg, int64_t item, int thread);
 
 /* How a thread polls between jobs. SPIN: on the core, the quickest to take the next job.
- * YIELD: giving the core away at each poll, for a pool whose threads share the cores with a
- * pool that runs jobs more often (the codecs' beside the kernel set's: spinning there took the
- * cores from the kernel set's workers). */
+ * YIELD: giving the core away at each poll, for a pool whose threads may share the cores with
+ * another pool (a codec's own, beside a kernel set that lends it none). */
 enum tmx_pool_poll { TMX_POOL_SPIN, TMX_POOL_YIELD };
 
 /* n_threads counts the caller: 1 makes a pool without workers that runs items inline. */

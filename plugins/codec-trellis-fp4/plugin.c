@@ -31,10 +31,12 @@ static const struct tmx_codec_i fp4_ops = {
 #endif
     .layer_load_slice = tmx_trellis_codec_layer_load_slice,
     .moe_experts_partial = tmx_trellis_codec_moe_experts_partial,
+    .use_threads = tmx_trellis_codec_use_threads,
 };
 
 static const struct tmx_option fp4_options[] = {
-    {"threads", TMX_OPT_INT, "0", "worker threads; 0: one per core"},
+    {"threads", TMX_OPT_INT, "0",
+     "worker threads when the kernel set lends none (kernels.cpu lends its); 0: one per core"},
     {"activations", TMX_OPT_STRING, "serving",
      "\"serving\": NVFP4, as a GPU multiplies; \"f32\": unquantized"},
     {0},

@@ -5,10 +5,12 @@
  * tmx_codec_i points at the functions below; its init names which codec it is, and everything
  * else is shared. The ops follow tmx/plugin.h: a ctx per init, a layer per layer_load;
  * moe_experts and expert_decode run on host memory. Calls on one ctx come from one thread at
- * a time (the model graph's); moe_experts spreads its work over the ctx's own threads.
+ * a time (the model graph's); moe_experts spreads its work over the ctx's own threads, or
+ * over the kernel set's once the core lends them (use_threads).
  *
  * Options (the plugin's option table declares them; the core resolves them):
- *   threads      int     worker threads, 0 = one per core (default: the core key `threads`)
+ *   threads      int     worker threads until a kernel set lends its (kernels.cpu does), 0 =
+ *                        one per core (default: the core key `threads`)
  *   activations  string  "serving": activations quantized as docs/trellismx.md §7 says (E4M3
  *                        per token / NVFP4), the formats a GPU multiplies; "f32": unquantized
  *                        F32 activations against the same weights. */
@@ -54,6 +56,8 @@ enum tmx_status tmx_trellis_quant_config_read(const char *path, enum tmx_trellis
 enum tmx_status tmx_trellis_codec_init(const struct tmx_host *host, const struct tmx_opts *opts,
                                        enum tmx_trellis_codec_id id, void **ctx, char **err);
 void tmx_trellis_codec_fini(void *ctx);
+/* tmx_codec_i.use_threads: moe_experts runs on the kernel set's threads from now on. */
+void tmx_trellis_codec_use_threads(void *ctx, const struct tmx_threads *threads);
 /* Reads hf_quant_config.json, experts/layer-LLL-SSS-EEE.safetensors and
  * coupled/layer-LLL.safetensors of info->model_dir (§10), checks every name, dtype, shape and
  * metadata field, expands the block scales (CSF) and keeps the trellis words and sign vectors

@@ -19,7 +19,8 @@ struct trellis_codec {
     const struct tmx_trellis_codec_spec *spec;
     enum tmx_trellis_codec_id id;
     int serving;                 /* 1: activations in the serving formats (§7); 0: F32 */
-    struct tmx_pool *pool;
+    struct tmx_pool *own;        /* threads of its own; NULL once a kernel set lends its */
+    struct tmx_threads threads;  /* where moe_experts' work runs: own's, or the lent ones */
     size_t budget;               /* TRELLIS_SCRATCH_BUDGET (tests lower it) */
     void *scratch;               /* moe_experts' buffers, grown on demand up to the budget */
     size_t scratch_size;

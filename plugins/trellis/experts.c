@@ -30,13 +30,18 @@
 
 /* --- ctx ------------------------------------------------------------------------------------ */
 
+static void own_run(void *pool, int64_t n_items, tmx_threads_fn fn, void *arg) {
+    tmx_pool_run(pool, n_items, fn, arg);
+}
+
 enum tmx_status trellis_codec_new(const struct tmx_host *host, enum tmx_trellis_codec_id id,
                                   int threads, int serving, struct trellis_codec **out) {
     struct trellis_codec *c = calloc(1, sizeof *c);
-    if (!c || tmx_pool_new(threads, TMX_POOL_YIELD, &c->pool) != TMX_OK) {
+    if (!c || tmx_pool_new(threads, TMX_POOL_YIELD, &c->own) != TMX_OK) {
         free(c);
         return TMX_ERR_NOMEM;
     }
+    c->threads = (struct tmx_threads){c->own, tmx_pool_threads(c->own), own_run};
     c->host = host;
     c->spec = tmx_trellis_codec_spec(id);
     c->id = id;
@@ -68,10 +73,17 @@ enum tmx_status tmx_trellis_codec_init(const struct tmx_host *host, const struct
     return TMX_OK;
 }
 
+void tmx_trellis_codec_use_threads(void *ctx, const struct tmx_threads *threads) {
+    struct trellis_codec *c = ctx;
+    tmx_pool_free(c->own);
+    c->own = NULL;
+    c->threads = *threads;
+}
+
 void tmx_trellis_codec_fini(void *ctx) {
     struct trellis_codec *c = ctx;
     if (!c) return;
-    tmx_pool_free(c->pool);
+    tmx_pool_free(c->own);
     free(c->scratch);
     free(c);
 }
@@ -331,7 +343,7 @@ static enum tmx_status run_experts(struct trellis_codec *c, const struct trellis
 
     /* Tokens go in chunks whose buffers fit the budget (at least one token a chunk); the
      * chunking depends on n alone, and no token's arithmetic depends on its chunk. */
-    const int threads = tmx_pool_threads(c->pool);
+    const int threads = c->threads.n_threads;
     struct step s = {.c = c, .l = l, .k = k, .eps = eps};
     const size_t base = step_layout(&s, NULL, 0, threads),
                  per_token = step_layout(&s, NULL, 1, threads) - base;
@@ -356,11 +368,12 @@ static enum tmx_status run_experts(struct trellis_codec *c, const struct trellis
         s.weights = partial ? NULL : weights + t0 * k;
         int64_t n_pairs;
         const int64_t n_groups = sort_pairs(&s, ids + t0 * k, nt, &n_pairs);
-        tmx_pool_run(c->pool, nt, phase_input, &s);
-        tmx_pool_run(c->pool, n_groups * (l->inter / ROWS_PER_ITEM), phase_gate_up, &s);
-        tmx_pool_run(c->pool, n_pairs, phase_mid, &s);
-        tmx_pool_run(c->pool, n_groups * (l->latent / ROWS_PER_ITEM), phase_down, &s);
-        tmx_pool_run(c->pool, nt, partial ? phase_pairs : phase_output, &s);
+        const struct tmx_threads *th = &c->threads;
+        th->run(th->pool, nt, phase_input, &s);
+        th->run(th->pool, n_groups * (l->inter / ROWS_PER_ITEM), phase_gate_up, &s);
+        th->run(th->pool, n_pairs, phase_mid, &s);
+        th->run(th->pool, n_groups * (l->latent / ROWS_PER_ITEM), phase_down, &s);
+        th->run(th->pool, nt, partial ? phase_pairs : phase_output, &s);
     }
     return TMX_OK;
 }

@@ -239,6 +239,16 @@ def test_make_default_models_keeps_a_build_that_verifies(default_root):
     assert not (default_root / "models" / "muse-mini-k3-fp4").exists()  # only with --fp4
 
 
+def test_default_build_runs_its_experts_on_the_kernel_sets_threads(default_root):
+    """kernels.cpu lends its pool to the codec (tmx_codec_i.use_threads): one set of threads."""
+    build = default_root / "models" / "muse-mini-k3"
+    r = subprocess.run([TMX, "generate", "--model", str(build), "--prompt", "Once", "-n", "2",
+                        "--threads", "2", "--set", "log_level=debug"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "codec.trellis-e4m3 runs on kernel set cpu's 2 threads" in r.stderr
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

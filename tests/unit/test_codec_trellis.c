@@ -548,8 +548,23 @@ static void test_fp4(void **state) {
     check_codec(TMX_TRELLIS_CODEC_FP4, 4);
 }
 
+/* Threads lent to the codec (tmx_codec_i.use_threads), as a kernel set would lend them: three
+ * threads, items run last first with the thread index going round, every call counted. */
+struct lent_threads {
+    int calls;
+    int64_t items;
+};
+
+static void lent_run(void *pool, int64_t n_items, tmx_threads_fn fn, void *arg) {
+    struct lent_threads *t = pool;
+    t->calls++;
+    t->items += n_items;
+    for (int64_t i = n_items - 1; i >= 0; i--) fn(arg, i, (int)(i % 3));
+}
+
 /* 1 and 2 threads give the same bits; so do steps cut into token chunks (the codec's buffer
- * budget lowered in-process) and a slice of the tokens run alone. */
+ * budget lowered in-process), a slice of the tokens run alone, and threads a kernel set
+ * lends. */
 static void test_threads(void **state) {
     (void)state;
     enum { N = 300, SLICE0 = 250, SLICE = 40 };
@@ -575,6 +590,15 @@ static void test_threads(void **state) {
                                           rw + SLICE0 * TOPK, SLICE, TOPK, &norm, 1e-6f, NULL),
                      TMX_OK);
     assert_memory_equal(o1 + SLICE0 * LAT, o2, sizeof(float) * SLICE * LAT);
+
+    struct lent_threads lent = {0};
+    two.ops->use_threads(two.ctx, &(struct tmx_threads){&lent, 3, lent_run});
+    memset(o2, 0, sizeof(float) * N * LAT);
+    assert_int_equal(two.ops->moe_experts(two.ctx, l2, o2, z, ids, rw, N, TOPK, &norm, 1e-6f, NULL),
+                     TMX_OK);
+    assert_memory_equal(o1, o2, sizeof(float) * N * LAT);
+    assert_int_equal(lent.calls, 5); /* the five phases of one chunk, all on the lent threads */
+    assert_true(lent.items >= 2 * N);
 
     /* the library linked into this test, on a budget of about 20 tokens a chunk (the
      * buffers of all 300 would take 5.5 MiB) */

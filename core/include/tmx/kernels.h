@@ -57,6 +57,19 @@ static inline TMX_HOST_DEVICE float tmx_logit_edit_apply(const struct tmx_logit_
     return v > 0 ? v / e->rep : v * e->rep;
 }
 
+/* A parallel-for over a pool of CPU threads, lent by a kernel set to a codec's host path so
+ * that the two do not each keep threads on the same cores (ABI 2.7). run(pool, n, fn, arg)
+ * calls fn(arg, item, thread) once for every item < n on the pool's n_threads threads (thread
+ * 0 .. n_threads - 1, 0 being the caller, for per-thread scratch) and returns when every call
+ * is done. Which thread runs an item varies, so an item writes only its own outputs. One
+ * caller at a time, and fn must not call run. */
+typedef void (*tmx_threads_fn)(void *arg, int64_t item, int thread);
+struct tmx_threads {
+    void *pool;
+    int n_threads;
+    void (*run)(void *pool, int64_t n_items, tmx_threads_fn fn, void *arg);
+};
+
 /* Routed experts of one MoE layer, as seen by moe_experts. All arrays have n_experts entries
  * (a TP rank passes its own experts; ids outside [expert0, expert0 + n_experts) are skipped). */
 struct tmx_moe_weights {
@@ -252,6 +265,14 @@ struct tmx_kernels_i {
     void (*qk_norm_rope)(void *ctx, float *q, float *k, const struct tmx_tensor *q_norm,
                          const struct tmx_tensor *k_norm, const int32_t *pos,
                          const float *inv_freq, int n, int hq, int hkv, int hd, float eps);
+
+    /* --- added in ABI 2.7 (optional) -------------------------------------------------- */
+
+    /* (NULL: lends none) The set's own CPU threads, for a codec's host path
+     * (tmx_codec_i.use_threads): *out stays valid until fini. Only a set with
+     * TMX_CAP_HOST_MEMORY lends them; the core calls them between the set's ops, never
+     * during one. */
+    void (*host_threads)(void *ctx, struct tmx_threads *out);
 };
 
 /* The most candidates topk gives a row. */

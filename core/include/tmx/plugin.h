@@ -33,7 +33,7 @@
 #include "tmx/tensor.h"
 
 #define TMX_ABI_MAJOR 2
-#define TMX_ABI_MINOR 6
+#define TMX_ABI_MINOR 7
 
 #define TMX_PLUGIN_EXPORT __attribute__((visibility("default")))
 
@@ -211,6 +211,12 @@ struct tmx_codec_i {
                                         int rank, int n_ranks, void **layer, char **err);
     enum tmx_status (*moe_experts_partial)(void *ctx, void *layer, float *ye, const float *z,
                                            const int32_t *ids, int n, int k, char **err);
+
+    /* --- added in ABI 2.7 (optional; NULL: the host path runs on threads of its own) ------
+     * The host path's work runs on `threads` from now on (the kernel set's, lent through
+     * tmx_kernels_i.host_threads, valid until the codec's fini), and the codec stops the
+     * threads of its own. The core calls it once, after init and before any layer loads. */
+    void (*use_threads)(void *ctx, const struct tmx_threads *threads);
 };
 
 /* --- kind: drafter ---------------------------------------------------------------------------
