@@ -39,6 +39,14 @@ size_t tmx_tensor_nbytes(const struct tmx_tensor *t) {
 void tmx_mxfp8_to_bf16(const struct tmx_tensor *mx, uint16_t *out) {
     const int64_t n = tmx_tensor_numel(mx);
     const uint8_t *q = mx->data, *scale = q + n; /* one scale per 32 codes, in order */
-    for (int64_t i = 0; i < n; i++)
-        out[i] = tmx_f32_to_bf16(ldexpf(tmx_e4m3_to_f32(q[i]), (int)scale[i / 32] - 127));
+    for (int64_t b = 0; b < n / 32; b++) {
+        /* 2^(scale - 127) is a float for every scale but 255 (2^128): there a product is the
+         * rounded ldexpf, and only there ldexpf is needed, code by code */
+        const int e = (int)scale[b] - 127;
+        const float f = ldexpf(1.0f, e);
+        for (int64_t i = 32 * b; i < 32 * b + 32; i++) {
+            const float x = tmx_e4m3_to_f32(q[i]);
+            out[i] = tmx_f32_to_bf16(e < 128 ? x * f : ldexpf(x, e));
+        }
+    }
 }

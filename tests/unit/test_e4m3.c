@@ -116,6 +116,27 @@ static void test_sweep(void **state) {
     }
 }
 
+/* tmx_mxfp8_to_bf16 on every code under every UE8M0 scale (row r: scale r) gives the rounded
+ * ldexpf of the code's value, as it was first written: subnormal results and 2^128 included. */
+static void test_mxfp8_to_bf16(void **state) {
+    (void)state;
+    enum { M = 256, K = 256 };
+    static uint8_t data[M * K + M * K / 32];
+    static uint16_t out[M * K];
+    for (int r = 0; r < M; r++) {
+        for (int c = 0; c < K; c++) data[r * K + c] = (uint8_t)c;
+        for (int b = 0; b < K / 32; b++) data[M * K + r * K / 32 + b] = (uint8_t)r;
+    }
+    const struct tmx_tensor mx = {TMX_DTYPE_MXFP8, 2, {M, K}, data};
+    tmx_mxfp8_to_bf16(&mx, out);
+    for (int r = 0; r < M; r++)
+        for (int c = 0; c < K; c++) {
+            uint16_t want = tmx_f32_to_bf16(ldexpf(tmx_e4m3_to_f32((uint8_t)c), r - 127));
+            if (out[r * K + c] != want)
+                fail_msg("code 0x%02x, scale %d: 0x%04x, want 0x%04x", c, r, out[r * K + c], want);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_matches_ocp),
@@ -123,6 +144,7 @@ int main(void) {
         cmocka_unit_test(test_ties_to_even),
         cmocka_unit_test(test_saturation_and_nan),
         cmocka_unit_test(test_sweep),
+        cmocka_unit_test(test_mxfp8_to_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
