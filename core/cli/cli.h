@@ -59,6 +59,7 @@ static inline int cli_follow(struct tmx_engine *e, const char *cmd) {
     return rc;
 }
 
+int cmd_bench(int argc, char **argv);
 int cmd_conform(int argc, char **argv);
 int cmd_eval_kld(int argc, char **argv);
 int cmd_generate(int argc, char **argv);

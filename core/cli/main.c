@@ -10,6 +10,7 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
+    {"bench", cmd_bench, "the engine's prefill and decode tokens/s at several batch sizes"},
     {"conform", cmd_conform, "check a kernel set against the conformance cases (tmx/conform.h)"},
     {"eval-kld", cmd_eval_kld, "KL divergence and top-1 agreement of a model against its teacher"},
     {"generate", cmd_generate, "continue a prompt and print the text and tokens/s"},
