@@ -20,7 +20,8 @@ static const char usage[] =
     "  -n, --n-predict N      tokens each sequence generates (default 128)\n"
     "      --json FILE        also write the results as JSON\n" CLI_TP_USAGE CLI_ENGINE_USAGE
     "\nPrompts are random token ids, different in every sequence. Each batch size first runs\n"
-    "untimed (a short prompt and two decode steps: a CUDA set records its graph for the size).\n"
+    "untimed (its prompts and two decode steps: a CUDA set loads the kernels of each shape on\n"
+    "first use and records a graph for the batch size).\n"
     "config key max_running is raised to the largest batch size unless --set gives it.\n";
 
 static double now(void) {
@@ -136,7 +137,7 @@ static enum tmx_status decode(struct round *r, int n, char **err) {
     return TMX_OK;
 }
 
-/* One batch size: an untimed round (short prompts, two steps), then the timed one. */
+/* One batch size: an untimed round (the prompts, two steps), then the timed one. */
 static enum tmx_status run_size(struct tmx_engine *e, int b, int p, int n, struct result *out,
                                 char **err) {
     struct round r = {.m = tmx_engine_model(e), .b = b, .n_vocab = tmx_engine_n_vocab(e),
@@ -154,12 +155,12 @@ static enum tmx_status run_size(struct tmx_engine *e, int b, int p, int n, struc
                              ? TMX_OK : tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     for (int i = 0; st == TMX_OK && i < b; i++)
         st = tmx_seq_new(r.m, tmx_engine_n_ctx(e), &r.seqs[i], err);
-    const int warm_p = p < 8 ? p : 8;
+    /* untimed, with the timed round's shapes: a GPU set loads the kernels a shape needs on
+     * first use and records a graph for each batch size */
     int steps = 0;
     if (st == TMX_OK) {
-        for (int i = 0; i < b; i++)
-            fill_prompt(r.prompts + (size_t)i * warm_p, warm_p, i, 1, r.n_vocab);
-        st = prefill(&r, warm_p, &steps, err);
+        for (int i = 0; i < b; i++) fill_prompt(r.prompts + (size_t)i * p, p, i, 1, r.n_vocab);
+        st = prefill(&r, p, &steps, err);
     }
     if (st == TMX_OK) st = decode(&r, 2, err);
     *out = (struct result){.batch = b};
