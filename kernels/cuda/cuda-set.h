@@ -39,6 +39,20 @@ enum cu_dev_err {
     CU_DEV_COUNT
 };
 
+/* cuBLASLt's descriptors and algorithm for one matmul shape, kept: making them again (a
+ * heuristic query among them) costs tens of microseconds of host time a call, and a prefill
+ * step of a model makes tens of calls. */
+#define CU_LT_PLANS 64
+struct cu_lt_plan {
+    cudaDataType_t ab; /* the operands' type */
+    int n, m, k;       /* -1 in n: an empty slot */
+    int found;         /* 0: cuBLASLt has no algorithm for the shape */
+    uint64_t used;     /* lt_clock at its last use: the least recent is replaced */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+};
+
 struct cu_ctx {
     const struct tmx_host *host;
     int device;
@@ -46,6 +60,9 @@ struct cu_ctx {
     cublasLtHandle_t lt;
     void *lt_ws;               /* cuBLASLt workspace, fixed: graphs capture its address */
     size_t lt_ws_size;
+    struct cu_lt_plan lt_plans[CU_LT_PLANS];
+    int n_lt_plans;
+    uint64_t lt_clock;
     enum tmx_status status;    /* first host-side failure since the last sync */
     int *dev_err;              /* [1] device: first enum cu_dev_err a kernel met */
     int *dev_err_host;         /* [1] pinned copy read by sync */
@@ -101,6 +118,8 @@ void cu_qk_norm_rope(void *ctx, float *q, float *k, const struct tmx_tensor *q_n
                      int n, int hq, int hkv, int hd, float eps);
 
 /* matmul.cu */
+/* Frees the kept cuBLASLt plans (fini, before the handle goes). */
+void cu_lt_plans_free(struct cu_ctx *c);
 void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_tensor *w, int n);
 void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
                      const struct tmx_tensor *const *ws, int count, int n);

@@ -17,6 +17,7 @@
  * device memory: decode reads a byte a weight where BF16 reads two (mxfp8_gemv_kernel);
  * prefill expands them into BF16 scratch, exactly, and takes the BF16 path. */
 #include <cuda_fp8.h>
+#include <string.h>
 
 #include "cuda-dev.cuh"
 
@@ -456,48 +457,79 @@ __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const fl
     lo[i] = __ushort_as_bfloat16(l);
 }
 
-/* Y (+)= X . W^T in cuBLASLt's column-major terms: C[m][n] = op(A)[m][k] . B[k][n] with A the
- * row-major W seen as k x m (transposed), B the row-major X seen as k x n, C = Y^T (m x n).
- * Returns 0 (nothing queued) when cuBLASLt has no algorithm for the shape, so the caller can
- * fall back; other failures are recorded. */
-static int lt_matmul(struct cu_ctx *c, cudaDataType_t ab, const void *w, const void *x, float *y,
-                     int n, int m, int k, float beta) {
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+static void lt_plan_clear(struct cu_lt_plan *p) {
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    memset(p, 0, sizeof *p);
+    p->n = -1;
+}
+
+void cu_lt_plans_free(struct cu_ctx *c) {
+    for (int i = 0; i < c->n_lt_plans; i++) lt_plan_clear(&c->lt_plans[i]);
+    c->n_lt_plans = 0;
+}
+
+/* Makes p's descriptors for Y = X . W^T of shape (ab, n, m, k) in cuBLASLt's column-major
+ * terms: C[m][n] = op(A)[m][k] . B[k][n] with A the row-major W seen as k x m (transposed), B
+ * the row-major X seen as k x n, C = Y^T (m x n); then asks for an algorithm. */
+static cublasStatus_t lt_plan_make(struct cu_ctx *c, struct cu_lt_plan *p, cudaDataType_t ab,
+                                   int n, int m, int k) {
+    memset(p, 0, sizeof *p);
+    p->ab = ab, p->n = n, p->m = m, p->k = k;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    const float alpha = 1.0f;
     cublasStatus_t st;
-    if ((st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) ||
-        (st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
-        (st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) ||
-        (st = cublasLtMatrixLayoutCreate(&la, ab, k, m, k)) ||
-        (st = cublasLtMatrixLayoutCreate(&lb, ab, k, n, k)) ||
-        (st = cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, m)) ||
+    if ((st = cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) ||
+        (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
+        (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) ||
+        (st = cublasLtMatrixLayoutCreate(&p->la, ab, k, m, k)) ||
+        (st = cublasLtMatrixLayoutCreate(&p->lb, ab, k, n, k)) ||
+        (st = cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, m, n, m)) ||
         (st = cublasLtMatmulPreferenceCreate(&pref)) ||
         (st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                   &c->lt_ws_size, sizeof c->lt_ws_size)))
-        goto done;
-    if (cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &res, &found) ||
-        found == 0) {
-        found = 0;
-        goto done;
+                                                   &c->lt_ws_size, sizeof c->lt_ws_size))) {
+        if (pref) cublasLtMatmulPreferenceDestroy(pref);
+        return st;
     }
-    st = cublasLtMatmul(c->lt, op, &alpha, w, la, x, lb, &beta, y, lc, y, lc, &res.algo,
-                        c->lt_ws, c->lt_ws_size, c->stream);
-done:
-    if (st != CUBLAS_STATUS_SUCCESS) {
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res,
+                                       &found) == CUBLAS_STATUS_SUCCESS && found > 0) {
+        p->found = 1;
+        p->algo = res.algo;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* Y (+)= X . W^T (beta 0 or 1) through cuBLASLt, with the shape's kept plan or a new one in
+ * the least recently used slot. Returns 0 (nothing queued) when cuBLASLt has no algorithm for
+ * the shape, so the caller can fall back; other failures are recorded. */
+static int lt_matmul(struct cu_ctx *c, cudaDataType_t ab, const void *w, const void *x, float *y,
+                     int n, int m, int k, float beta) {
+    struct cu_lt_plan *p = NULL, *oldest = NULL;
+    for (int i = 0; i < c->n_lt_plans && !p; i++) {
+        struct cu_lt_plan *q = &c->lt_plans[i];
+        if (q->n == n && q->m == m && q->k == k && q->ab == ab) p = q;
+        else if (!oldest || q->used < oldest->used) oldest = q;
+    }
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    if (!p) {
+        p = c->n_lt_plans < CU_LT_PLANS ? &c->lt_plans[c->n_lt_plans++] : oldest;
+        lt_plan_clear(p);
+        if ((st = lt_plan_make(c, p, ab, n, m, k)) != CUBLAS_STATUS_SUCCESS) lt_plan_clear(p);
+    }
+    p->used = ++c->lt_clock;
+    if (st == CUBLAS_STATUS_SUCCESS && !p->found) return 0;
+    const float alpha = 1.0f;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmul(c->lt, p->op, &alpha, w, p->la, x, p->lb, &beta, y, p->lc, y, p->lc,
+                            &p->algo, c->lt_ws, c->lt_ws_size, c->stream);
+    if (st != CUBLAS_STATUS_SUCCESS)
         cu_fail(c, TMX_ERR_DEVICE, "matmul: cuBLASLt: %s", cublasLtGetStatusString(st));
-        found = 1; /* recorded: no fallback */
-    }
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
-    return found;
+    return 1; /* queued, or the failure recorded: no fallback */
 }
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }

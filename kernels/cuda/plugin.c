@@ -110,6 +110,7 @@ static void cu_fini(void *ctx) {
     cudaFree(c->lt_ws);
     cudaFree(c->dev_err);
     cudaFreeHost(c->dev_err_host);
+    cu_lt_plans_free(c);
     if (c->lt) cublasLtDestroy(c->lt);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
