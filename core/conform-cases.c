@@ -38,6 +38,8 @@ const struct spec tmx_conform_specs[] = {
     {"matmul/f16/n17-m67-k131", OP_MATMUL, F16, 0, .n = 17, .m = 67, .d = 131},
     {"matmul/f16/n64-m96-k256", OP_MATMUL, F16, 0, .n = 64, .m = 96, .d = 256},
     {"matmul/bf16/n70-m1000-k300", OP_MATMUL, BF16, 0, .n = 70, .m = 1000, .d = 300},
+    {"matmul/bf16/n33-m100-k200", OP_MATMUL, BF16, 0, .n = 33, .m = 100, .d = 200},
+    {"matmul/bf16/n9-m45-k1032", OP_MATMUL, BF16, 0, .n = 9, .m = 45, .d = 1032},
     {"matmul/f32/n2-m1000-k300", OP_MATMUL, F32, 0, .n = 2, .m = 1000, .d = 300},
     {"matmul/bf16/n5-m37-k4100", OP_MATMUL, BF16, 0, .n = 5, .m = 37, .d = 4100},
     {"matmul/bf16/n4-m3-k9000", OP_MATMUL, BF16, 0, .n = 4, .m = 3, .d = 9000},

@@ -73,6 +73,7 @@ struct cu_ctx {
     int capturing;             /* between graph_begin and graph_end */
     int pdl;                   /* kernels of a graph may start while the one before runs
                                   (option pdl) */
+    int bf16_mma;              /* 9-64 token BF16 matmuls in bf16_mma_kernel (option bf16_mma) */
 };
 
 /* Records a failure (the first one since the last sync wins) and logs its message. */

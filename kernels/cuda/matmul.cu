@@ -9,7 +9,9 @@
  * error per element and fails the conformance tolerance (1e-5 normalized). Each activation is
  * split instead into x = hi + lo, both BF16 (lo the BF16 rounding of x - hi), and two BF16
  * GEMMs with F32 accumulation add W.hi and W.lo: what is left is ~2^-17 relative per element,
- * at twice the tensor-core work of a plain BF16 GEMM. F16 weights would need the same split in
+ * at twice the tensor-core work of a plain BF16 GEMM. From 9 to 64 tokens (a decode step of
+ * that many sequences) one kernel of our own can do the same arithmetic reading the weight once
+ * (bf16_mma_kernel, option bf16_mma: off until measured on a GPU). F16 weights would need the same split in
  * F16, whose range (65504) and subnormals break it for real activations, so they take the GEMV
  * kernel over groups of 8 tokens (correct, not fast: F16 checkpoints are rare).
  *
@@ -534,6 +536,123 @@ static int lt_matmul(struct cu_ctx *c, cudaDataType_t ab, const void *w, const v
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
+/* --- BF16 weights at 9 to 64 tokens: one pass of tensor-core MMAs -------------------------- */
+
+/* A decode step of 9 to 64 sequences is too wide for the GEMV (whose FMAs per weight grow with
+ * the tokens) and too narrow for cuBLASLt's split GEMMs, which read the weight twice and cost
+ * three launches. Here each weight is read once and multiplied by both halves of the split
+ * activations (x = hi + lo, both BF16, as in the GEMMs) with mma.sync m16n8k16, F32 sums.
+ *
+ * A block of 8 warps computes 32 rows (2 warps along rows, 16 each) for 16 tokens (two n8
+ * tiles), its 4 warps along k taking 32 of every 128. Inside a warp's 32, lane (g, t) = (lane
+ * / 4, lane % 4) loads 8 contiguous weights of rows g and g + 8 at 8 t, and the k order of the
+ * MMA operands is permuted to match: in k-step s, fragment columns 2t, 2t + 1 are weights 8t +
+ * 4s + 0, 1 and columns 2t + 8, 2t + 9 are 8t + 4s + 2, 3 (a dot product does not care which
+ * order its terms come in, as long as both operands take the same one). The block stages x's
+ * fragments in that order, split into hi and lo, once a step in shared memory; the 4 warps
+ * along k add their sums in a fixed order, so every run gives the same bits. The grid's x runs
+ * over token tiles, so blocks that read the same rows run together and share them in L2. */
+#define MMA_ROWS 32   /* weight rows of a block */
+#define MMA_TOKENS 16 /* tokens of a block */
+#define MMA_KW 4      /* warps along k: a block step takes 32 MMA_KW weights of a row */
+#define MMA_MAX_N 64  /* most tokens this path takes */
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats' BF16 roundings (hi) and the roundings of what is left (lo), each pair in one
+ * word, the first float in the low half. */
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint32_t *lo) {
+    const uint16_t ha = f32_to_bf16_bits(a), hb = f32_to_bf16_bits(b);
+    const uint16_t la = f32_to_bf16_bits(a - __uint_as_float((uint32_t)ha << 16));
+    const uint16_t lb = f32_to_bf16_bits(b - __uint_as_float((uint32_t)hb << 16));
+    *hi = ha | (uint32_t)hb << 16;
+    *lo = la | (uint32_t)lb << 16;
+}
+
+/* y[n][m] = x[n][k] . w[m][k]^T for BF16 w, k a multiple of 8, x and w 16-byte aligned. */
+__global__ void __launch_bounds__(256)
+bf16_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
+                const uint16_t *__restrict__ w, int n, int m, int k) {
+    tmx_pdl_enter();
+    __shared__ uint4 xb[MMA_KW][2][2][32];      /* [warp along k][tile][k-step][lane]: the
+                                                   lane's B fragments {hi0, hi1, lo0, lo1} */
+    __shared__ float4 red[MMA_KW - 1][2][2][32]; /* [warp along k - 1][warp along rows][tile]
+                                                    [lane]: the sums of warps 1.. along k */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int wr = warp % 2, wk = warp / 2;
+    const int t0 = blockIdx.x * MMA_TOKENS, r0 = blockIdx.y * MMA_ROWS + 16 * wr;
+    /* rows past m read the last one again, never stored */
+    const uint16_t *wa = w + (int64_t)min(r0 + g, m - 1) * k;
+    const uint16_t *wb = w + (int64_t)min(r0 + g + 8, m - 1) * k;
+    float acc[2][4] = {};
+    for (int kb = 0; kb < k; kb += 32 * MMA_KW) {
+        const int kw = kb + 32 * wk + 8 * t;
+        const uint4 za = kw < k ? __ldg((const uint4 *)(wa + kw)) : make_uint4(0, 0, 0, 0);
+        const uint4 zb = kw < k ? __ldg((const uint4 *)(wb + kw)) : make_uint4(0, 0, 0, 0);
+        for (int e = threadIdx.x; e < MMA_KW * 2 * 2 * 32; e += blockDim.x) {
+            const int el = e % 32, es = e / 32 % 2, ej = e / 64 % 2, ek = e / 128;
+            const int tok = t0 + 8 * ej + el / 4, kx = kb + 32 * ek + 8 * (el % 4) + 4 * es;
+            const float4 v = tok < n && kx < k ? *(const float4 *)(x + (int64_t)tok * k + kx)
+                                               : make_float4(0, 0, 0, 0);
+            uint4 f;
+            split_pair(v.x, v.y, &f.x, &f.z);
+            split_pair(v.z, v.w, &f.y, &f.w);
+            xb[ek][ej][es][el] = f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+            const uint32_t a[4] = {s ? za.z : za.x, s ? zb.z : zb.x, s ? za.w : za.y,
+                                   s ? zb.w : zb.y};
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const uint4 b = xb[wk][j][s][lane];
+                mma_bf16(acc[j], a, b.x, b.y);
+                mma_bf16(acc[j], a, b.z, b.w);
+            }
+        }
+        __syncthreads();
+    }
+    if (wk > 0)
+        for (int j = 0; j < 2; j++)
+            red[wk - 1][wr][j][lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    __syncthreads();
+    if (wk > 0) return;
+    for (int j = 0; j < 2; j++) {
+        for (int v = 0; v < MMA_KW - 1; v++) {
+            const float4 o = red[v][wr][j][lane];
+            acc[j][0] += o.x, acc[j][1] += o.y, acc[j][2] += o.z, acc[j][3] += o.w;
+        }
+        /* c0, c1: row g, tokens 2t and 2t + 1 of the tile; c2, c3: row g + 8 */
+        const int tok = t0 + 8 * j + 2 * t;
+        for (int h = 0; h < 2; h++) {
+            const int row = r0 + g + 8 * h;
+            if (row >= m) continue;
+            if (tok < n) y[(int64_t)tok * m + row] = acc[j][2 * h];
+            if (tok + 1 < n) y[(int64_t)(tok + 1) * m + row] = acc[j][2 * h + 1];
+        }
+    }
+}
+
+/* Whether bf16_mma_kernel takes this BF16 matmul: with option bf16_mma on (off until it has
+ * run on a GPU against the CPU reference and been timed against the split GEMMs). */
+static bool bf16_mma_fits(const struct cu_ctx *c, const float *x, const void *w, int n, int k) {
+    return c->bf16_mma && n > 8 && n <= MMA_MAX_N && k % 8 == 0 && aligned16(x, &w, 1);
+}
+
+static void bf16_mma(struct cu_ctx *c, float *y, const float *x, const void *w, int n, int m,
+                     int k) {
+    const dim3 grid((unsigned)((n + MMA_TOKENS - 1) / MMA_TOKENS),
+                    (unsigned)((m + MMA_ROWS - 1) / MMA_ROWS));
+    cu_launch(c, bf16_mma_kernel, grid, 256, 0, y, x, (const uint16_t *)w, n, m, k);
+}
+
 /* BF16 weights, n > 8: the hi/lo split into s (scratch of 2 align256(2 n k) bytes), then two
  * GEMMs into y. */
 static int lt_matmul_bf16(struct cu_ctx *c, char *s, float *y, const float *x, const void *w,
@@ -576,7 +695,13 @@ extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_
             const void *wb = s + split;
             cu_launch(c, mxfp8_to_bf16_kernel, blocks_for(count / 16, 256), 256, 0, (uint4 *)wb,
                       (const uint4 *)w->data, count);
-            if (!cu_check_launch(c, "matmul") || lt_matmul_bf16(c, s, y, x, wb, n, m, k)) return;
+            if (!cu_check_launch(c, "matmul")) return;
+            if (bf16_mma_fits(c, x, wb, n, k)) {
+                bf16_mma(c, y, x, wb, n, m, k);
+                cu_check_launch(c, "matmul");
+                return;
+            }
+            if (lt_matmul_bf16(c, s, y, x, wb, n, m, k)) return;
             gemv<TMX_DTYPE_BF16>(c, &y, x, &wb, &m, 1, n, k);
         }
         cu_check_launch(c, "matmul");
@@ -584,6 +709,11 @@ extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_
     }
     if (n > 8 && w->dtype == TMX_DTYPE_F32 && lt_matmul(c, CUDA_R_32F, wd, x, y, n, m, k, 0))
         return;
+    if (w->dtype == TMX_DTYPE_BF16 && bf16_mma_fits(c, x, wd, n, k)) {
+        bf16_mma(c, y, x, wd, n, m, k);
+        cu_check_launch(c, "matmul");
+        return;
+    }
     if (n > 8 && w->dtype == TMX_DTYPE_BF16) {
         char *s = (char *)cu_scratch(c, split, "matmul");
         if (!s || lt_matmul_bf16(c, s, y, x, wd, n, m, k)) return;

@@ -156,6 +156,7 @@ static enum tmx_status cu_init(const struct tmx_host *host, const struct tmx_opt
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, c->device) != cudaSuccess) prop.major = 0;
     c->pdl = prop.major >= 9 && (!host->opt_bool || host->opt_bool(opts, "pdl"));
+    c->bf16_mma = host->opt_bool && host->opt_bool(opts, "bf16_mma");
     if (host->log && prop.major)
         host->log(TMX_LOG_INFO, "kernels.cuda: device %d: %s (sm_%d%d, %d SMs)%s", c->device,
                   prop.name, prop.major, prop.minor, prop.multiProcessorCount,
@@ -385,6 +386,8 @@ static const struct tmx_option cu_options[] = {
     {"device", TMX_OPT_INT, "0", "CUDA device ordinal the set runs on"},
     {"pdl", TMX_OPT_BOOL, "true", "programmatic dependent launch: in a recorded graph (a decode "
      "step), a kernel may start while the one before it finishes (sm_90 and later)"},
+    {"bf16_mma", TMX_OPT_BOOL, "false", "BF16 matmuls of 9 to 64 tokens in one tensor-core kernel "
+     "of the set's own instead of cuBLASLt's two split GEMMs (not yet run on a GPU: off)"},
     {0},
 };
 
