@@ -7,16 +7,7 @@
 # Arguments (optional): the batch sizes (default 1,8,32,64,128,256). Writes
 # $OUT/bench-<model>-<graphs>.json and prints the tables.
 set -u
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-OUT=${OUT:-/tmp/tmx-gpu}
-mkdir -p "$OUT"
-bin=$root/.devbin
-. "$root/tests/gpu/devpack.sh"
-devpack_unpack || exit 1
-. "$root/tests/gpu/cublaslt.sh"
-lt=$(cublaslt_dir)
-export LD_LIBRARY_PATH=$bin:$root/.devlibs${lt:+:$lt}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+. "$(dirname "$0")/devpack.sh" || exit 1
 sizes=${1:-1,8,32,64,128,256}
 k3=/tmp/muse-mini-builds/k3-e4m3
 if [ ! -f "$k3/config.json" ]; then

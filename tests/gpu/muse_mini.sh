@@ -18,16 +18,7 @@
 #      tokens/s over 256 tokens with cuda graphs
 # Prints a table last and writes $OUT/muse-mini.json.
 set -u
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-OUT=${OUT:-/tmp/tmx-gpu}
-mkdir -p "$OUT"
-bin=$root/.devbin
-. "$root/tests/gpu/devpack.sh"
-devpack_unpack || exit 1
-. "$root/tests/gpu/cublaslt.sh"
-lt=$(cublaslt_dir)
-export LD_LIBRARY_PATH=$bin:$root/.devlibs${lt:+:$lt}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+. "$(dirname "$0")/devpack.sh" || exit 1
 log=$OUT/muse-mini.txt
 : > "$log"
 work=/tmp/muse-mini-builds

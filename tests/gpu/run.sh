@@ -22,22 +22,8 @@
 # The device tool returns at most 8 files: the long logs travel in logs.tgz. The last thing
 # printed is a summary table.
 set -u
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-OUT=${OUT:-/tmp/tmx-gpu}
+. "$(dirname "$0")/devpack.sh" || exit 1
 mkdir -p "$OUT/logs"
-bin=$root/.devbin
-. "$root/tests/gpu/devpack.sh"
-devpack_unpack || exit 1
-[ -x "$bin/tmx" ] || {
-    echo "run.sh: .devbin/tmx missing: run tests/gpu/prepare.sh and carry .devpack.tar.xz" >&2
-    exit 1
-}
-
-# cuBLASLt comes from the machine's toolkit (or its pip wheel): too large to carry.
-. "$root/tests/gpu/cublaslt.sh"
-lt=$(cublaslt_dir)
-export LD_LIBRARY_PATH=$bin:$root/.devlibs${lt:+:$lt}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 echo "libcublasLt from: $lt"
 
 nvidia-smi | tee "$OUT/logs/gpu.txt"

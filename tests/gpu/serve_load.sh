@@ -11,16 +11,7 @@
 # loadtest.py; a pair's report lands in $OUT/load-CLIENTS-MAX_RUNNING.json, and a table of all
 # of them is printed last and written to $OUT/serve-load.json.
 set -u
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-OUT=${OUT:-/tmp/tmx-gpu}
-mkdir -p "$OUT"
-bin=$root/.devbin
-. "$root/tests/gpu/devpack.sh"
-devpack_unpack || exit 1
-. "$root/tests/gpu/cublaslt.sh"
-lt=$(cublaslt_dir)
-export LD_LIBRARY_PATH=$bin:$root/.devlibs${lt:+:$lt}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+. "$(dirname "$0")/devpack.sh" || exit 1
 if ! python3 -c 'import openai' 2> /dev/null; then
     [ -d .whl ] || { echo "serve_load.sh: no openai package and no .whl/ to install it from" >&2; exit 1; }
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
