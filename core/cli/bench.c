@@ -1,8 +1,10 @@
 /* bench.c: `tmx bench` — the engine's own throughput, without HTTP or a sampler: for each
  * batch size B, B sequences prefill prompts of P tokens together, then decode N tokens each in
- * steps of all B at once (greedy, the pick made where the logits are). What a server can do at
- * most with B requests running, and what its clients cost is not in it (tools/loadtest.py
- * measures that). Under mpirun the processes of ranks 1..N-1 only follow rank 0's steps. */
+ * steps of all B at once: greedy (the pick made where the logits are), or with --temperature
+ * sampled as tmx serve samples (the set's first candidates where it has them, the whole row
+ * read back when a draw needs more). What a server can do at most with B requests running;
+ * what its clients cost is not in it (tools/loadtest.py measures that). Under mpirun the
+ * processes of ranks 1..N-1 only follow rank 0's steps. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +20,9 @@ static const char usage[] =
     "  -b, --batch LIST       batch sizes, comma-separated (default 1,8,32)\n"
     "  -p, --prompt N         prompt tokens a sequence (default 128)\n"
     "  -n, --n-predict N      tokens each sequence generates (default 128)\n"
+    "      --temperature T    decode sampled at T (default 0: greedy); the prompts' last\n"
+    "                         tokens still pick greedily\n"
+    "      --top-p P          nucleus mass when sampled (default 1 = off)\n"
     "      --json FILE        also write the results as JSON\n" CLI_TP_USAGE CLI_ENGINE_USAGE
     "\nPrompts are random token ids, different in every sequence. Each batch size first runs\n"
     "untimed (its prompts and two decode steps: a CUDA set loads the kernels of each shape on\n"
@@ -58,10 +63,22 @@ static int parse_count(const char *name, const char *arg, int lo, int *out) {
     return 0;
 }
 
+static int parse_real(const char *name, const char *arg, double lo, double hi, double *out) {
+    char *end;
+    *out = strtod(arg, &end);
+    if (end == arg || *end || !(*out >= lo && *out <= hi)) {
+        fprintf(stderr, "tmx bench: --%s expects a number in [%g, %g], got \"%s\"\n", name, lo,
+                hi, arg);
+        return -1;
+    }
+    return 0;
+}
+
 struct result {
     int batch;
     double prefill_s, decode_s; /* wall time of the prefill steps and of the decode steps */
     int prefill_steps;
+    int64_t read_back;          /* sampled decode: rows whose draw read the logits back */
 };
 
 /* The sequences of one round and their step arguments. */
@@ -76,6 +93,14 @@ struct round {
     const int32_t **toks;      /* [b] step arguments */
     int *ns;                   /* [b] */
     struct tmx_seq **step_seq; /* [b] */
+    /* sampled decoding (temperature > 0) */
+    struct tmx_sampler **samplers; /* [b] */
+    float *temps;                  /* [b] */
+    float *top_x;                  /* [b][TMX_TOPK_MAX] a top step's candidates */
+    int32_t *top_id;               /* [b][TMX_TOPK_MAX] */
+    double *top_stat;              /* [b][3] */
+    float *logits;                 /* [b][vocab_size] rows read back */
+    int64_t read_back;
 };
 
 /* Token ids for sequence s of round `salt`: an LCG, so that no two sequences share a prefix
@@ -117,6 +142,35 @@ static enum tmx_status prefill(struct round *r, int p, int *steps, char **err) {
     return TMX_OK;
 }
 
+/* One sampled decode step of all b sequences: a top step and each sequence's draw from its
+ * candidates, the row read back for a draw that needs more (as tmx serve does), or where the
+ * model takes no top steps a plain step and draws from the rows. */
+static enum tmx_status sample_step(struct round *r, char **err) {
+    const size_t V = (size_t)tmx_model_cfg(r->m)->vocab_size;
+    if (!tmx_model_can_top(r->m)) {
+        enum tmx_status st = tmx_model_step(r->m, r->step_seq, r->toks, r->ns, r->b, r->logits,
+                                            err);
+        for (int i = 0; st == TMX_OK && i < r->b; i++)
+            r->picks[i] = tmx_sampler_sample(r->samplers[i], r->logits + i * V);
+        return st;
+    }
+    enum tmx_status st = tmx_model_step_top(r->m, r->step_seq, r->toks, r->ns, r->b, r->n_vocab,
+                                            r->temps, NULL, NULL, r->top_x, r->top_id,
+                                            r->top_stat, err);
+    for (int i = 0; st == TMX_OK && i < r->b; i++) {
+        const size_t at = (size_t)i * TMX_TOPK_MAX;
+        const double *stat = r->top_stat + 3 * (size_t)i;
+        const struct tmx_sampler_top t = {TMX_TOPK_MAX, r->top_x + at, r->top_id + at, stat[0],
+                                          (int)stat[1]};
+        r->picks[i] = tmx_sampler_sample_top(r->samplers[i], &t);
+        if (r->picks[i] >= 0) continue;
+        r->read_back++;
+        st = tmx_model_read_logits(r->m, i, r->logits, err);
+        if (st == TMX_OK) r->picks[i] = tmx_sampler_sample(r->samplers[i], r->logits);
+    }
+    return st;
+}
+
 /* n decode steps of all b sequences, each feeding its last pick. */
 static enum tmx_status decode(struct round *r, int n, char **err) {
     for (int i = 0; i < r->b; i++) {
@@ -129,8 +183,9 @@ static enum tmx_status decode(struct round *r, int n, char **err) {
             enum tmx_status st = tmx_seq_reserve(r->seqs[i], 1, err);
             if (st != TMX_OK) return st;
         }
-        enum tmx_status st = tmx_model_step_greedy(r->m, r->step_seq, r->toks, r->ns, r->b,
-                                                   r->n_vocab, r->picks, err);
+        enum tmx_status st = r->samplers ? sample_step(r, err)
+                             : tmx_model_step_greedy(r->m, r->step_seq, r->toks, r->ns, r->b,
+                                                     r->n_vocab, r->picks, err);
         if (st != TMX_OK) return st;
         memcpy(r->next, r->picks, (size_t)r->b * sizeof *r->next);
     }
@@ -138,7 +193,8 @@ static enum tmx_status decode(struct round *r, int n, char **err) {
 }
 
 /* One batch size: an untimed round (the prompts, two steps), then the timed one. */
-static enum tmx_status run_size(struct tmx_engine *e, int b, int p, int n, struct result *out,
+static enum tmx_status run_size(struct tmx_engine *e, int b, int p, int n,
+                                const struct tmx_sampler_params *sp, struct result *out,
                                 char **err) {
     struct round r = {.m = tmx_engine_model(e), .b = b, .n_vocab = tmx_engine_n_vocab(e),
                       .n_batch = (int)tmx_config_int(tmx_engine_config(e), "batch")};
@@ -155,6 +211,23 @@ static enum tmx_status run_size(struct tmx_engine *e, int b, int p, int n, struc
                              ? TMX_OK : tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     for (int i = 0; st == TMX_OK && i < b; i++)
         st = tmx_seq_new(r.m, tmx_engine_n_ctx(e), &r.seqs[i], err);
+    if (st == TMX_OK && sp) {
+        const size_t V = (size_t)tmx_model_cfg(r.m)->vocab_size;
+        r.samplers = calloc((size_t)b, sizeof *r.samplers);
+        r.temps = malloc((size_t)b * sizeof *r.temps);
+        r.top_x = malloc((size_t)b * TMX_TOPK_MAX * sizeof *r.top_x);
+        r.top_id = malloc((size_t)b * TMX_TOPK_MAX * sizeof *r.top_id);
+        r.top_stat = malloc((size_t)b * 3 * sizeof *r.top_stat);
+        r.logits = malloc((size_t)b * V * sizeof *r.logits);
+        if (!r.samplers || !r.temps || !r.top_x || !r.top_id || !r.top_stat || !r.logits)
+            st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+        for (int i = 0; st == TMX_OK && i < b; i++) {
+            struct tmx_sampler_params one = *sp;
+            one.seed = sp->seed + (uint64_t)i;
+            r.temps[i] = sp->temperature;
+            st = tmx_sampler_new(&one, r.n_vocab, &r.samplers[i], err);
+        }
+    }
     /* untimed, with the timed round's shapes: a GPU set loads the kernels a shape needs on
      * first use and records a graph for each batch size */
     int steps = 0;
@@ -172,13 +245,18 @@ static enum tmx_status run_size(struct tmx_engine *e, int b, int p, int n, struc
         const double t0 = now();
         st = prefill(&r, p, &out->prefill_steps, err);
         const double t1 = now();
+        r.read_back = 0;
         if (st == TMX_OK) st = decode(&r, n, err);
         out->prefill_s = t1 - t0;
         out->decode_s = now() - t1;
+        out->read_back = r.read_back;
     }
     for (int i = 0; r.seqs && i < b; i++) tmx_seq_free(r.seqs[i]);
     free(r.seqs), free(r.prompts), free(r.next), free(r.picks), free(r.owner), free(r.toks);
     free(r.ns), free(r.step_seq);
+    for (int i = 0; r.samplers && i < b; i++) tmx_sampler_free(r.samplers[i]);
+    free(r.samplers), free(r.temps), free(r.top_x), free(r.top_id), free(r.top_stat);
+    free(r.logits);
     return st;
 }
 
@@ -189,19 +267,23 @@ static double decode_tok_s(const struct result *x, int n) {
 }
 
 static int write_json(const char *path, const char *model, const char *kernels, int tp, int p,
-                      int n, const struct result *res, int n_res) {
+                      int n, double temperature, double top_p, const struct result *res,
+                      int n_res) {
     json_t *runs = json_array();
     for (int i = 0; i < n_res; i++) {
         const struct result *x = &res[i];
-        json_array_append_new(runs, json_pack("{s:i, s:f, s:i, s:f, s:f, s:f, s:f}", "batch",
-                                              x->batch, "prefill_s", x->prefill_s,
+        json_array_append_new(runs, json_pack("{s:i, s:f, s:i, s:f, s:f, s:f, s:f, s:I}",
+                                              "batch", x->batch, "prefill_s", x->prefill_s,
                                               "prefill_steps", x->prefill_steps, "prefill_tok_s",
                                               prefill_tok_s(x, p), "decode_s", x->decode_s,
                                               "decode_tok_s", decode_tok_s(x, n), "ms_per_step",
-                                              n ? 1e3 * x->decode_s / n : 0.0));
+                                              n ? 1e3 * x->decode_s / n : 0.0, "rows_read_back",
+                                              (json_int_t)x->read_back));
     }
-    json_t *doc = json_pack("{s:s, s:s, s:i, s:i, s:i, s:o}", "model", model, "kernels", kernels,
-                            "tp", tp, "prompt", p, "n_predict", n, "runs", runs);
+    json_t *doc = json_pack("{s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:o}", "model", model,
+                            "kernels", kernels, "tp", tp, "prompt", p, "n_predict", n,
+                            "temperature", temperature, "top_p", top_p,
+                            "runs", runs);
     const int rc = doc && json_dump_file(doc, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER) == 0;
     json_decref(doc);
     if (!rc) fprintf(stderr, "tmx bench: cannot write %s\n", path);
@@ -212,11 +294,13 @@ int cmd_bench(int argc, char **argv) {
     static const struct option longopts[] = {
         {"batch", required_argument, 0, 'b'}, {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"json", required_argument, 0, 'J'},
+        {"temperature", required_argument, 0, 'T'}, {"top-p", required_argument, 0, 'P'},
         {"help", no_argument, 0, 'h'}, CLI_TP_LONGOPT, CLI_ENGINE_LONGOPTS, {0, 0, 0, 0}};
     struct cli_engine_opts eo = {0};
     char tp_set[32], running_set[48];
     int sizes[MAX_SIZES] = {1, 8, 32}, n_sizes = 3, p = 128, n = 128, c, r = 0;
     const char *json = NULL;
+    double temperature = 0, top_p = 1;
     while ((c = getopt_long(argc, argv, "b:p:n:h" CLI_ENGINE_SHORTOPTS, longopts, NULL)) != -1) {
         if ((r = cli_engine_opt(&eo, c, optarg)) != 0) {
             if (r < 0) return 2;
@@ -227,6 +311,8 @@ int cmd_bench(int argc, char **argv) {
         case 'p': r = parse_count("prompt", optarg, 1, &p); break;
         case 'n': r = parse_count("n-predict", optarg, 0, &n); break;
         case 'J': json = optarg; break;
+        case 'T': r = parse_real("temperature", optarg, 0, 100, &temperature); break;
+        case 'P': r = parse_real("top-p", optarg, 1e-6, 1, &top_p); break;
         case CLI_TP_OPT: r = cli_tp_opt(&eo, tp_set, sizeof tp_set, optarg); break;
         case 'h': fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return 2;
@@ -267,26 +353,33 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     }
     const char *kernels = tmx_config_str(tmx_engine_config(e), "kernels");
-    printf("tmx bench: %s, kernels %s, tp %d, %d prompt tokens and %d generated a sequence\n\n"
-           "| batch | prefill tok/s | prefill steps | decode tok/s | ms / decode step |\n"
-           "|---|---|---|---|---|\n", tmx_engine_model_dir(e), kernels, tmx_engine_tp(e), p, n);
+    const struct tmx_sampler_params sp = {(float)temperature, 0, (float)top_p, 0, 1};
+    printf("tmx bench: %s, kernels %s, tp %d, %d prompt tokens and %d generated a sequence, ",
+           tmx_engine_model_dir(e), kernels, tmx_engine_tp(e), p, n);
+    if (temperature > 0) printf("sampled at %g, top-p %g\n\n", temperature, top_p);
+    else printf("greedy\n\n");
+    printf("| batch | prefill tok/s | prefill steps | decode tok/s | ms / decode step | rows read "
+           "back |\n|---|---|---|---|---|---|\n");
     struct result res[MAX_SIZES];
     char *err = NULL;
     int rc = 0, done = 0;
     for (; done < n_sizes; done++) {
-        if (run_size(e, sizes[done], p, n, &res[done], &err) != TMX_OK) {
+        if (run_size(e, sizes[done], p, n, temperature > 0 ? &sp : NULL, &res[done], &err) !=
+            TMX_OK) {
             fprintf(stderr, "tmx bench: batch %d: %s\n", sizes[done], err ? err : "out of memory");
             free(err);
             rc = 1;
             break;
         }
         const struct result *x = &res[done];
-        printf("| %d | %.1f | %d | %.1f | %.3f |\n", x->batch, prefill_tok_s(x, p),
-               x->prefill_steps, decode_tok_s(x, n), n ? 1e3 * x->decode_s / n : 0.0);
+        printf("| %d | %.1f | %d | %.1f | %.3f | %lld |\n", x->batch, prefill_tok_s(x, p),
+               x->prefill_steps, decode_tok_s(x, n), n ? 1e3 * x->decode_s / n : 0.0,
+               (long long)x->read_back);
         fflush(stdout);
     }
     if (json && done &&
-        write_json(json, tmx_engine_model_dir(e), kernels, tmx_engine_tp(e), p, n, res, done))
+        write_json(json, tmx_engine_model_dir(e), kernels, tmx_engine_tp(e), p, n, temperature,
+                   top_p, res, done))
         rc = 1;
     tmx_engine_free(e);
     return rc;

@@ -25,4 +25,7 @@ for m in models/muse-mini "$k3"; do
         echo
     done
 done
+# sampled as tmx serve samples: the device's candidates, rows read back when a draw needs more
+"$bin/tmx" bench --model models/muse-mini -b "$sizes" -p 128 -n 128 --set kernels=cuda \
+    --temperature 0.8 --top-p 0.95 --json "$OUT/bench-muse-mini-sampled.json" || rc=1
 exit $rc

@@ -2,7 +2,8 @@
 Timings vary; what is checked is what the command says it ran: a row and a JSON run per batch
 size in order, rates that are the tokens over the times it reports, prompts packed into steps
 of at most `batch` tokens as the server packs them, max_running raised to the largest batch,
-tensor parallelism, and one-line errors for bad options."""
+tensor parallelism, sampled decoding (and the rows it reads back), and one-line errors for
+bad options."""
 import json
 import os
 import subprocess
@@ -47,6 +48,25 @@ def test_rows_and_json_agree(tiny, tmp_path):
         assert float(row[3]) == pytest.approx(x["decode_tok_s"], abs=0.1)
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_sampled(tiny, tmp_path, tp):
+    # With 2 ranks the model takes top steps (the logits would travel between ranks): draws
+    # that need more than the candidates read their row back, and the run counts them.
+    out = tmp_path / "bench.json"
+    r = bench(tiny, "-b", "1,3", "-p", "8", "-n", "40", "--temperature", "1.5", "--top-p",
+              "0.99", "--tp", str(tp), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "sampled at 1.5, top-p 0.99" in r.stdout.splitlines()[0]
+    doc = json.loads(out.read_text())
+    assert (doc["temperature"], doc["top_p"], doc["tp"]) == (1.5, 0.99, tp)
+    back = [x["rows_read_back"] for x in doc["runs"]]
+    assert all(0 <= b <= x["batch"] * 40 for b, x in zip(back, doc["runs"]))
+    if tp == 1:
+        assert back == [0, 0]  # plain steps: every row is on the host already
+    else:
+        assert sum(back) > 0  # a random model at 1.5 spreads past 256 candidates
+
+
 def test_tensor_parallel(tiny):
     r = bench(tiny, "-b", "2", "-p", "8", "-n", "4", "--tp", "2")
     assert r.returncode == 0, r.stderr
@@ -58,6 +78,8 @@ def test_tensor_parallel(tiny):
     (["-b", "4,x"], "--batch expects up to 16 sizes"),
     (["-p", "0"], "--prompt expects an integer >= 1, got \"0\""),
     (["-n", "-1"], "--n-predict expects an integer >= 0, got \"-1\""),
+    (["--temperature", "-1"], "--temperature expects a number in [0, 100], got \"-1\""),
+    (["--top-p", "0"], "--top-p expects a number in [1e-06, 1], got \"0\""),
     (["-b", "12", "--set", "max_running=4"], "--batch 12 is above config key max_running = 4"),
     (["-p", "200", "-n", "100", "--set", "context=256"],
      "--prompt (200) + --n-predict (100) exceed the context of 256 tokens"),
