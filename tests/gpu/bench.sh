@@ -1,11 +1,13 @@
 #!/bin/bash
 # tests/gpu/bench.sh: `tmx bench` on a GPU machine: the engine's prefill and decode tokens/s
 # at several batch sizes, with CUDA graphs and without, for muse-mini and its K3 e4m3 build
-# (quantized on the machine, as muse_mini.sh does, unless /tmp/muse-mini-builds has it).
+# (quantized on the machine, as muse_mini.sh does, unless /tmp/muse-mini-builds has it), then
+# muse-mini sampled at 0.8 with top-p 0.95.
 # Run from the repo root through the device tool after tests/gpu/prepare.sh:
 #   run(command="bash tests/gpu/bench.sh", carry=[".devpack.tar.xz"])
 # Arguments (optional): the batch sizes (default 1,8,32,64,128,256). Writes
-# $OUT/bench-<model>-<graphs>.json and prints the tables.
+# $OUT/bench-<model>-graphs-<true|false>.json and bench-muse-mini-sampled.json, and prints the
+# tables.
 set -u
 . "$(dirname "$0")/devpack.sh" || exit 1
 sizes=${1:-1,8,32,64,128,256}
