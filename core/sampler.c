@@ -235,6 +235,33 @@ static float prob(struct order *o, int i) {
     return o->cand[i].logit;
 }
 
+/* The draw when the nucleus reaches past the known candidates (top_p alone). Its mass M is not
+ * known, but lies in [top_p, top_p + q) for q the last known probability: the candidates come
+ * in order, so the one that completes the nucleus is no likelier. The draw's target u M then
+ * lies in [u top_p, u (top_p + q)); when that interval falls inside one known candidate's share
+ * of the walk, with a margin for the whole row's rounding, that candidate is what the whole row
+ * draws with this number. Otherwise -1, the number kept for tmx_sampler_sample. The interval
+ * is u q wide, so a draw past the candidates' mass, or one whose interval straddles two shares
+ * (likelier the flatter the candidates are), still needs the row. */
+static int32_t draw_past_nucleus(struct tmx_sampler *s, struct order *o) {
+    const double margin = 1e-12; /* far above a walk's rounding: 256 sums of 2^-53 */
+    const double u = s->u >= 0.0 ? s->u : next_unit(s->rng);
+    const double top_p = s->p.top_p, q = prob(o, o->n_known - 1);
+    const double lo = u * top_p - margin, hi = u * (top_p + q) + margin;
+    double cum = 0.0;
+    for (int i = 0; i < o->n_known; i++) {
+        const double before = cum;
+        cum += prob(o, i);
+        if (hi < cum) {
+            if (before > lo) break;
+            s->u = -1.0;
+            return s->cand[i].id;
+        }
+    }
+    s->u = u;
+    return -1;
+}
+
 /* The filters and the draw over o's candidates, whose softmax denominator o->sum is. Returns
  * the pick, or -1 when a walk needs candidates past the known ones (the draw's number then
  * stays in s->u for tmx_sampler_sample). */
@@ -245,7 +272,7 @@ static int32_t walk(struct tmx_sampler *s, struct order *o) {
         double mass = 0.0;
         for (int i = 0; i < n; i++) {
             mass += prob(o, i);
-            if (o->past) return -1;
+            if (o->past) return p->min_p > 0.0f ? -1 : draw_past_nucleus(s, o);
             if (mass >= p->top_p) {
                 n = i + 1;
                 break;

@@ -318,6 +318,49 @@ static void test_top_candidates_draw_what_the_row_draws(void **state) {
     free(cand);
 }
 
+/* A nucleus that reaches past the candidates: 256 logits of about 4 hold ~71% of the mass and
+ * 5,744 of about 0 the rest, top_p 0.95 (at two temperatures, several seeds), so every draw
+ * needed the row before. A draw that lands inside the candidates whatever the nucleus's exact
+ * mass takes them, the others read the row (about half here: with candidates this flat the
+ * draw's interval often straddles two of them); every draw is the row's. */
+static void test_nucleus_past_the_candidates(void **state) {
+    (void)state;
+    enum { V = 6000, K = 256, DRAWS = 200 };
+    float *logits = malloc(V * sizeof *logits), x[K];
+    int32_t id[K];
+    struct ref_cand *cand = malloc(V * sizeof *cand);
+    assert_non_null(logits);
+    assert_non_null(cand);
+    uint64_t gen = 7;
+    for (int i = 0; i < V; i++)
+        logits[i] = (i % 23 == 0 && i < 23 * K ? 4.0f : 0.0f) +
+                    (float)(0.01 * (double)(ref_splitmix64(&gen) >> 11) * 0x1.0p-53);
+    static const float temps[] = {1.0f, 0.9f};
+    for (int ti = 0; ti < 2; ti++)
+        for (uint64_t seed = 1; seed <= 3; seed++) {
+            struct tmx_sampler *row = make(temps[ti], 0, 0.95f, 0.0f, seed, V),
+                               *top = make(temps[ti], 0, 0.95f, 0.0f, seed, V);
+            struct tmx_sampler_top t;
+            ref_top(logits, V, temps[ti], K, cand, x, id, &t);
+            int fallbacks = 0;
+            for (int d = 0; d < DRAWS; d++) {
+                int32_t got = tmx_sampler_sample_top(top, &t);
+                if (got < 0) {
+                    fallbacks++;
+                    got = tmx_sampler_sample(top, logits);
+                }
+                assert_int_equal(got, tmx_sampler_sample(row, logits));
+            }
+            if (fallbacks < DRAWS / 10 || fallbacks > 3 * DRAWS / 4)
+                fail_msg("temperature %g, seed %d: %d of %d draws read the row", temps[ti],
+                         (int)seed, fallbacks, DRAWS);
+            tmx_sampler_free(row);
+            tmx_sampler_free(top);
+        }
+    free(logits);
+    free(cand);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_takes_the_first_maximum),
@@ -328,6 +371,7 @@ int main(void) {
         cmocka_unit_test(test_bad_parameters_are_named),
         cmocka_unit_test(test_partial_sort_draws_what_a_full_sort_draws),
         cmocka_unit_test(test_top_candidates_draw_what_the_row_draws),
+        cmocka_unit_test(test_nucleus_past_the_candidates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
