@@ -1,4 +1,4 @@
-/* bench.c: `tmx bench` — the engine's own throughput, without HTTP or a sampler: for each
+/* bench.c: `tmx bench` — the engine's own throughput, without HTTP or clients: for each
  * batch size B, B sequences prefill prompts of P tokens together, then decode N tokens each in
  * steps of all B at once: greedy (the pick made where the logits are), or with --temperature
  * sampled as tmx serve samples (the set's first candidates where it has them, the whole row
