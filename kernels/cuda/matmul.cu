@@ -11,9 +11,9 @@
  * GEMMs with F32 accumulation add W.hi and W.lo: what is left is ~2^-17 relative per element,
  * at twice the tensor-core work of a plain BF16 GEMM. From 9 to 64 tokens (a decode step of
  * that many sequences) one kernel of our own can do the same arithmetic reading the weight once
- * (bf16_mma_kernel, option bf16_mma: off until measured on a GPU). F16 weights would need the same split in
- * F16, whose range (65504) and subnormals break it for real activations, so they take the GEMV
- * kernel over groups of 8 tokens (correct, not fast: F16 checkpoints are rare).
+ * (bf16_mma_kernel, option bf16_mma: off until measured on a GPU). F16 weights would need the
+ * same split in F16, whose range (65504) and subnormals break it for real activations, so they
+ * take the GEMV kernel over groups of 8 tokens (correct, not fast: F16 checkpoints are rare).
  *
  * MXFP8 weights (E4M3 codes, then a UE8M0 scale per 32: tmx/tensor.h) keep their codes in
  * device memory: decode reads a byte a weight where BF16 reads two (mxfp8_gemv_kernel);

@@ -302,6 +302,41 @@ static void test_init_options(void **state) {
     f->ops->fini(ctx);
 }
 
+/* host_threads lends the set's pool (ABI 2.7): n_threads as configured, every item run once,
+ * thread indexes below n_threads, and the pool still the set's for its own ops afterwards. */
+struct lent_items {
+    int seen[1000];
+    int bad_thread;
+};
+
+static void lent_item(void *arg, int64_t item, int thread) {
+    struct lent_items *l = arg;
+    l->seen[item]++;
+    if (thread < 0 || thread >= 3) l->bad_thread = 1;
+}
+
+static void test_host_threads(void **state) {
+    const struct fixture *f = *state;
+    void *ctx = open_set(f, 3);
+    struct tmx_threads t = {0};
+    f->ops->host_threads(ctx, &t);
+    assert_int_equal(t.n_threads, 3);
+    static struct lent_items l;
+    for (int round = 0; round < 3; round++) {
+        memset(&l, 0, sizeof l);
+        t.run(t.pool, 1000, lent_item, &l);
+        for (int i = 0; i < 1000; i++) assert_int_equal(l.seen[i], 1);
+        assert_false(l.bad_thread);
+    }
+    float in[64], out[64];
+    for (int i = 0; i < 64; i++) in[i] = (float)i / 8;
+    f->ops->swiglu(ctx, out, in, in, 64);
+    assert_int_equal(f->ops->sync(ctx), TMX_OK);
+    for (int i = 0; i < 64; i++)
+        assert_float_equal(out[i], in[i] * in[i] / (1 + expf(-in[i])), 1e-5);
+    f->ops->fini(ctx);
+}
+
 static void test_buffers(void **state) {
     const struct fixture *f = *state;
     void *ctx = open_set(f, 2);
@@ -409,6 +444,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_descriptor),
         cmocka_unit_test(test_init_options),
+        cmocka_unit_test(test_host_threads),
         cmocka_unit_test(test_buffers),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_paged_errors),
