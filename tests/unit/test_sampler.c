@@ -264,6 +264,22 @@ static void ref_top(const float *logits, int n_vocab, float temperature, int k,
     *t = (struct tmx_sampler_top){k, x, id, n ? sum : 0.0, n};
 }
 
+/* draws draws of `top` from candidates t, falling back to the row when it returns -1, each
+ * checked against `row` drawing from the row; returns the number of fallbacks. */
+static int draw_both(struct tmx_sampler *top, struct tmx_sampler *row,
+                     const struct tmx_sampler_top *t, const float *logits, int draws) {
+    int fallbacks = 0;
+    for (int d = 0; d < draws; d++) {
+        int32_t got = tmx_sampler_sample_top(top, t);
+        if (got < 0) {
+            fallbacks++;
+            got = tmx_sampler_sample(top, logits);
+        }
+        assert_int_equal(got, tmx_sampler_sample(row, logits));
+    }
+    return fallbacks;
+}
+
 /* Two samplers of one seed draw the same tokens when one draws from the first k candidates and
  * falls back to the row only when it returns -1; with k = 256 the fallback never comes for top_k
  * <= 256 or a tight nucleus, and does come for plain sampling of a flat row. */
@@ -296,15 +312,7 @@ static void test_top_candidates_draw_what_the_row_draws(void **state) {
                 struct tmx_sampler_top t;
                 ref_top(logits, V, p->temperature > 0 ? p->temperature : 1.0f, ks[kk], cand, x, id,
                         &t);
-                int fallbacks = 0;
-                for (int d = 0; d < DRAWS; d++) {
-                    int32_t got = tmx_sampler_sample_top(top, &t);
-                    if (got < 0) {
-                        fallbacks++;
-                        got = tmx_sampler_sample(top, logits);
-                    }
-                    assert_int_equal(got, tmx_sampler_sample(row, logits));
-                }
+                const int fallbacks = draw_both(top, row, &t, logits, DRAWS);
                 const int fits = p->temperature == 0 || (p->top_k > 0 && p->top_k <= 256) ||
                                  (shapes[sh] == PEAKED && p->top_p < 1.0f);
                 if (ks[kk] == 256 && fits) assert_int_equal(fallbacks, 0);
@@ -342,15 +350,7 @@ static void test_nucleus_past_the_candidates(void **state) {
                                *top = make(temps[ti], 0, 0.95f, 0.0f, seed, V);
             struct tmx_sampler_top t;
             ref_top(logits, V, temps[ti], K, cand, x, id, &t);
-            int fallbacks = 0;
-            for (int d = 0; d < DRAWS; d++) {
-                int32_t got = tmx_sampler_sample_top(top, &t);
-                if (got < 0) {
-                    fallbacks++;
-                    got = tmx_sampler_sample(top, logits);
-                }
-                assert_int_equal(got, tmx_sampler_sample(row, logits));
-            }
+            const int fallbacks = draw_both(top, row, &t, logits, DRAWS);
             if (fallbacks < DRAWS / 10 || fallbacks > 3 * DRAWS / 4)
                 fail_msg("temperature %g, seed %d: %d of %d draws read the row", temps[ti],
                          (int)seed, fallbacks, DRAWS);
