@@ -120,13 +120,9 @@ void cpu_pool_run(struct tmx_pool *pool, int64_t n_tasks, cpu_task_fn fn, void *
 /* The set's pool lent to a codec's host path (tmx_codec_i.use_threads): the codec's work then
  * runs on these threads between the set's ops, instead of on threads of its own that would
  * share the cores with them. */
-static void cpu_threads_run(void *pool, int64_t n_items, tmx_threads_fn fn, void *arg) {
-    tmx_pool_run(pool, n_items, fn, arg);
-}
-
 static void cpu_host_threads(void *ctx, struct tmx_threads *out) {
     struct cpu_ctx *c = ctx;
-    *out = (struct tmx_threads){c->pool, tmx_pool_threads(c->pool), cpu_threads_run};
+    *out = tmx_pool_as_threads(c->pool);
 }
 
 /* --- lifecycle ------------------------------------------------------------------------------ */

@@ -168,3 +168,11 @@ void tmx_pool_run(struct tmx_pool *p, int64_t n_items, tmx_pool_fn fn, void *arg
         pthread_mutex_unlock(&p->mu);
     }
 }
+
+static void threads_run(void *pool, int64_t n_items, tmx_threads_fn fn, void *arg) {
+    tmx_pool_run(pool, n_items, fn, arg);
+}
+
+struct tmx_threads tmx_pool_as_threads(struct tmx_pool *p) {
+    return (struct tmx_threads){p, p->n_threads, threads_run};
+}

@@ -14,6 +14,7 @@
 
 #include <stdint.h>
 
+#include "tmx/kernels.h"
 #include "tmx/status.h"
 
 struct tmx_pool;
@@ -33,5 +34,9 @@ void tmx_pool_free(struct tmx_pool *pool);
 int tmx_pool_threads(const struct tmx_pool *pool);
 
 void tmx_pool_run(struct tmx_pool *pool, int64_t n_items, tmx_pool_fn fn, void *arg);
+
+/* The pool as a struct tmx_threads (tmx/kernels.h), what a kernel set lends a codec and what a
+ * codec runs its own work on: valid while the pool is. */
+struct tmx_threads tmx_pool_as_threads(struct tmx_pool *pool);
 
 #endif

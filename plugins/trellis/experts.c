@@ -30,10 +30,6 @@
 
 /* --- ctx ------------------------------------------------------------------------------------ */
 
-static void own_run(void *pool, int64_t n_items, tmx_threads_fn fn, void *arg) {
-    tmx_pool_run(pool, n_items, fn, arg);
-}
-
 enum tmx_status trellis_codec_new(const struct tmx_host *host, enum tmx_trellis_codec_id id,
                                   int threads, int serving, struct trellis_codec **out) {
     struct trellis_codec *c = calloc(1, sizeof *c);
@@ -41,7 +37,7 @@ enum tmx_status trellis_codec_new(const struct tmx_host *host, enum tmx_trellis_
         free(c);
         return TMX_ERR_NOMEM;
     }
-    c->threads = (struct tmx_threads){c->own, tmx_pool_threads(c->own), own_run};
+    c->threads = tmx_pool_as_threads(c->own);
     c->host = host;
     c->spec = tmx_trellis_codec_spec(id);
     c->id = id;
