@@ -1,7 +1,8 @@
 #!/bin/bash
 # tests/gpu/prepare.sh: gathers what tests/gpu/run.sh needs on a GPU machine that has the CUDA
 # driver and toolkit but not tmx's other libraries, into three ignored folders at the repo root:
-#   .devbin/     tmx, libtmx.so, the plugins and tmx-graph-check from BUILD/bin (no unit tests)
+#   .devbin/     tmx, libtmx.so, the plugins, tmx-graph-check and trellis-gemv-variants from
+#                BUILD/bin (no unit tests)
 #   .devlibs/    the shared libraries they need that are neither glibc's nor CUDA's (ldd)
 #   .devmodels/  muse-tiny in BF16 and F32 (tools/make_tiny_model.py)
 # and packs the three into .devpack.tar.xz (tests/gpu/devpack.sh unpacks it there).
@@ -22,6 +23,8 @@ mkdir -p .devbin .devlibs .devmodels
 cp "$build"/bin/tmx "$build"/bin/tmx-graph-check "$build"/bin/tmx-bench-matmul "$build"/bin/tmx-bench-pick \
     "$build"/bin/libtmx*.so \
     .devbin/
+# The codec's GEMV variants (docs/perf/h200-codec.md), when the build made them.
+[ -x "$build/bin/trellis-gemv-variants" ] && cp "$build/bin/trellis-gemv-variants" .devbin/
 
 # Everything ldd resolves outside glibc, the CUDA toolkit and our own folder.
 for f in .devbin/*; do ldd "$f"; done | awk '$3 ~ /^\// {print $3}' | sort -u | while read -r lib; do

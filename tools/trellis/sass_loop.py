@@ -8,7 +8,7 @@ target to the branch. Prints the loop's instruction count and the most frequent 
 divided by the tiles one trip of the loop covers.
 
     cuobjdump -sass -arch sm_120a -fun _Z9mm_kernelILi3ELb1ELi1ELb1EEv9mm_params BIN \\
-        | python3 tools/trellis/sass_loop.py [--tiles 16]
+        | python3 tools/trellis/sass_loop.py [--tiles 16] [--inner]
 """
 import argparse
 import collections
@@ -23,6 +23,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiles", type=float, default=16, help="tiles a trip of the loop (16)")
     ap.add_argument("--top", type=int, default=16, help="opcodes to list (16)")
+    ap.add_argument("--inner", action="store_true",
+                    help="the longest loop with no loop inside (a persistent kernel's chunk loop)")
     args = ap.parse_args()
 
     code = []  # (address, opcode, operands)
@@ -30,11 +32,18 @@ def main():
         m = INSTR.match(line)
         if m:
             code.append((int(m.group(1), 16), m.group(2), m.group(3)))
-    lo = hi = 0
+    loops = []  # (target, branch) of every backward branch
     for at, op, rest in code:
         t = TARGET.search(rest) if op.startswith("BRA") else None
-        if t and int(t.group(1), 16) < at and at - int(t.group(1), 16) > hi - lo:
-            lo, hi = int(t.group(1), 16), at
+        if t and int(t.group(1), 16) < at:
+            loops.append((int(t.group(1), 16), at))
+    if args.inner:
+        loops = [(a, b) for a, b in loops
+                 if not any(a <= c < d <= b and (c, d) != (a, b) for c, d in loops)]
+    lo = hi = 0
+    for a, b in loops:
+        if b - a > hi - lo:
+            lo, hi = a, b
     if hi == lo:
         sys.exit("sass_loop.py: no backward branch in the input (is it one function's SASS?)")
     ops = collections.Counter(op.split(".")[0] for at, op, _ in code if lo <= at <= hi)
