@@ -99,6 +99,43 @@ __device__ __forceinline__ void states_shf(const uint32_t *w, lane_window lw, ui
     }
 }
 
+/* One warp's chunk of tile words into shared memory by cp.async, as one commit group. */
+template <int CHUNK> __device__ __forceinline__ void chunk_async(uint4 *dst, const uint4 *src, int lane) {
+#pragma unroll
+    for (int i = 0; i < KK * CHUNK / 16; i++) {
+        const int at = i * 32 + lane;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                         (uint32_t)__cvta_generic_to_shared(dst + at)),
+                     "l"(src + at)
+                     : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* A chunk's block scales of rows g (sn0) and g + 8 (sn1), four E4M3 bytes a word, as f16x2. */
+template <int SW>
+__device__ __forceinline__ void scales_f16(const uint32_t *sn0, const uint32_t *sn1, uint32_t *s0,
+                                           uint32_t *s1) {
+#pragma unroll
+    for (int i = 0; i < SW; i++) {
+        e4m3x4_to_f16x2(sn0[i], s0[2 * i], s0[2 * i + 1]);
+        e4m3x4_to_f16x2(sn1[i], s1[2 * i], s1[2 * i + 1]);
+    }
+}
+
+/* The A fragment a[4] times the block scales of step st (32 inputs): a0, a2 are row g's. */
+__device__ __forceinline__ void scale_a(uint32_t a[4], const uint32_t *s0, const uint32_t *s1,
+                                        int st) {
+    const __half2 sv0 = *reinterpret_cast<const __half2 *>(&s0[st >> 1]),
+                  sv1 = *reinterpret_cast<const __half2 *>(&s1[st >> 1]);
+    const __half2 w0 = st & 1 ? __high2half2(sv0) : __low2half2(sv0),
+                  w1 = st & 1 ? __high2half2(sv1) : __low2half2(sv1);
+    a[0] = h2_mul(a[0], w0);
+    a[2] = h2_mul(a[2], w0);
+    a[1] = h2_mul(a[1], w1);
+    a[3] = h2_mul(a[3], w1);
+}
+
 template <int LAW, int SC, int EXT, int MINB, int WARPS, int MH = 0, int PK = 0, int CHUNK = 16>
 __global__ void __launch_bounds__(WARPS * 32, MINB) gemv(const P p) {
     constexpr int NW = 8 * KK, CHUNK_COLS = 16 * CHUNK, X16_STRIDE = CHUNK_COLS / 2 + 16,
@@ -121,18 +158,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv(const P p) {
     sum_bytes(sum, lane);
     const int n_chunks = tiles_c / CHUNK;
     float acc[4] = {};
-    auto load_chunk = [&](uint4 *dst, const uint4 *src) {
-#pragma unroll
-        for (int i = 0; i < KK * CHUNK / 16; i++) {
-            const int at = i * 32 + lane;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                             (uint32_t)__cvta_generic_to_shared(dst + at)),
-                         "l"(src + at)
-                         : "memory");
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    };
-    load_chunk(w_s[0][warp], wsrc);
+    chunk_async<CHUNK>(w_s[0][warp], wsrc, lane);
     uint32_t sn0[SW], sn1[SW];
     auto load_scales = [&](int c) {
 #pragma unroll
@@ -172,11 +198,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv(const P p) {
         load_x(1);
     for (int c = 0; c < n_chunks; c++) {
         uint32_t s0[2 * SW], s1[2 * SW];
-#pragma unroll
-        for (int i = 0; i < SW; i++) {
-            e4m3x4_to_f16x2(sn0[i], s0[2 * i], s0[2 * i + 1]);
-            e4m3x4_to_f16x2(sn1[i], s1[2 * i], s1[2 * i + 1]);
-        }
+        scales_f16<SW>(sn0, sn1, s0, s1);
         __syncthreads();
         if (c + 1 < n_chunks) {
             stage_x((c + 1) & 1);
@@ -184,7 +206,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv(const P p) {
                 load_x(c + 2);
         }
         if (c + 1 < n_chunks)
-            load_chunk(w_s[(c + 1) & 1][warp], wsrc + (size_t)(c + 1) * KK * 2 * CHUNK);
+            chunk_async<CHUNK>(w_s[(c + 1) & 1][warp], wsrc + (size_t)(c + 1) * KK * 2 * CHUNK, lane);
         else
             asm volatile("cp.async.commit_group;" ::: "memory");
         asm volatile("cp.async.wait_group 1;" ::: "memory");
@@ -214,16 +236,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv(const P p) {
                     const uint32_t *ee = d[i >> 1] + 2 * (i & 1);
                     a[h][i] = law<LAW, PK>(ee[0], ee[1]);
                 }
-                if (SC) {
-                    const __half2 sv0 = *reinterpret_cast<const __half2 *>(&s0[st >> 1]),
-                                  sv1 = *reinterpret_cast<const __half2 *>(&s1[st >> 1]);
-                    const __half2 w0 = st & 1 ? __high2half2(sv0) : __low2half2(sv0),
-                                  w1 = st & 1 ? __high2half2(sv1) : __low2half2(sv1);
-                    a[h][0] = h2_mul(a[h][0], w0);
-                    a[h][2] = h2_mul(a[h][2], w0);
-                    a[h][1] = h2_mul(a[h][1], w1);
-                    a[h][3] = h2_mul(a[h][3], w1);
-                }
+                if (SC)
+                    scale_a(a[h], s0, s1, st);
             }
             const uint4 bx = *reinterpret_cast<const uint4 *>(xq + st * 16);
             mma_f16(acc, a[0], bx.x, bx.y);
@@ -248,39 +262,10 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv(const P p) {
  * SM loads it once and loops over strip groups. Lanes keep the spec's natural order (no byte-sum
  * MMA moves states between them), so the activations are staged in natural order. */
 
-/* Lane l's four pair states (TAB = 2): steps 4l..4l+3, ending at ring bits 2K(4l + 1) ..
- * 2K(4l + 4); the window of 16 + 6K bits starts 16 - 2K bits before the first step's bits. */
-template <int K> __device__ __forceinline__ lane_window pair_window_of(int lane) {
-    constexpr int nw = 8 * K, ring = 256 * K;
-    int b = 8 * lane * K + 2 * K - 16;
-    if (b < 0)
-        b += ring;
-    lane_window w;
-    w.i0 = b >> 5;
-    w.off = b & 31;
-    w.i1 = w.i0 + 1 == nw ? 0 : w.i0 + 1;
-    w.i2 = w.i1 + 1 == nw ? 0 : w.i1 + 1;
-    return w;
-}
-
-template <int K>
-__device__ __forceinline__ void pair_states(const uint32_t *w, lane_window lw, uint32_t s[4]) {
-    const uint32_t hi = w[lw.i0], mid = w[lw.i1], lo = w[lw.i2];
-    const uint32_t whi = __funnelshift_l(mid, hi, lw.off), wlo = __funnelshift_l(lo, mid, lw.off);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int sh = 48 - 2 * K * j;
-        if (sh == 48)
-            s[j] = whi >> 16;
-        else if (sh > 32)
-            s[j] = mul_lo(whi, 1u << (48 - sh)) >> 16;
-        else
-            s[j] = (sh == 32 ? whi : __funnelshift_r(wlo, whi, sh)) & 0xffffu;
-    }
-}
-
+/* Lane l's four pair states (TAB = 2) are steps 4l..4l+3, ending at ring bits 2K(4l + 1) ..
+ * 2K(4l + 4): its window is lane_window_of<K, 2K>, its states lane_states<K, 4, 2K>. */
 /* The same four states as byte offsets into a table of u16 pairs (2s): a shift and a mask
- * each, where s * 2 after pair_states costs a third instruction. */
+ * each, where s * 2 after lane_states costs a third instruction. */
 template <int K>
 __device__ __forceinline__ void pair_offsets(const uint32_t *w, lane_window lw, uint32_t o[4]) {
     const uint32_t hi = w[lw.i0], mid = w[lw.i1], lo = w[lw.i2];
@@ -314,7 +299,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_table(const P p) {
         reinterpret_cast<uint4 *>(smem)[i] = reinterpret_cast<const uint4 *>(p.table)[i];
     for (int i = threadIdx.x; i < 2 * 8 * X16_STRIDE; i += blockDim.x)
         (&x_s[0][0][0])[i] = 0;
-    const lane_window lw = TAB == 1 ? lane_window_of<KK>(lane) : pair_window_of<KK>(lane);
+    const lane_window lw = TAB == 1 ? lane_window_of<KK>(lane) : lane_window_of<KK, 2 * KK>(lane);
     const int tiles_c = p.cols / 16, n_chunks = tiles_c / CHUNK, spr = p.cols / 32;
     const int groups = p.rows / (16 * WARPS), items = p.mats * p.experts * groups;
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
@@ -326,17 +311,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_table(const P p) {
             p.scales + ((size_t)e * p.rows + 16 * strip + g) * spr);
         const uint32_t *sc1 = sc0 + 8 * spr / 4;
         float acc[4] = {};
-        auto load_chunk = [&](uint4 *dst, const uint4 *src) {
-#pragma unroll
-            for (int i = 0; i < KK * CHUNK / 16; i++) {
-                const int at = i * 32 + lane;
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                                 (uint32_t)__cvta_generic_to_shared(dst + at)),
-                             "l"(src + at)
-                             : "memory");
-            }
-            asm volatile("cp.async.commit_group;" ::: "memory");
-        };
         uint32_t sn0[SW], sn1[SW];
         auto load_scales = [&](int c) {
 #pragma unroll
@@ -368,7 +342,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_table(const P p) {
                     make_uint2(f[qq], f[qq + 4]);
         };
         __syncthreads(); /* the table, and the previous item's last reads of x_s */
-        load_chunk(w_s[0][warp], wsrc);
+        chunk_async<CHUNK>(w_s[0][warp], wsrc, lane);
         load_scales(0);
         load_x(0);
         stage_x(0);
@@ -376,11 +350,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_table(const P p) {
             load_x(1);
         for (int c = 0; c < n_chunks; c++) {
             uint32_t s0[2 * SW], s1[2 * SW];
-#pragma unroll
-            for (int i = 0; i < SW; i++) {
-                e4m3x4_to_f16x2(sn0[i], s0[2 * i], s0[2 * i + 1]);
-                e4m3x4_to_f16x2(sn1[i], s1[2 * i], s1[2 * i + 1]);
-            }
+            scales_f16<SW>(sn0, sn1, s0, s1);
             __syncthreads();
             if (c + 1 < n_chunks) {
                 stage_x((c + 1) & 1);
@@ -388,7 +358,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_table(const P p) {
                     load_x(c + 2);
             }
             if (c + 1 < n_chunks)
-                load_chunk(w_s[(c + 1) & 1][warp], wsrc + (size_t)(c + 1) * KK * 2 * CHUNK);
+                chunk_async<CHUNK>(w_s[(c + 1) & 1][warp], wsrc + (size_t)(c + 1) * KK * 2 * CHUNK, lane);
             else
                 asm volatile("cp.async.commit_group;" ::: "memory");
             asm volatile("cp.async.wait_group 1;" ::: "memory");
@@ -412,7 +382,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_table(const P p) {
                                 e4m3x2_to_f16x2(__byte_perm(tab[s[2 * i]], tab[s[2 * i + 1]], 0x0040));
                     } else if (!OFS) {
                         uint32_t s[4];
-                        pair_states<KK>(w, lw, s);
+                        lane_states<KK, 4, 2 * KK>(w, lw, s);
                         const uint16_t *t16 = reinterpret_cast<const uint16_t *>(tab);
 #pragma unroll
                         for (int i = 0; i < 4; i++)
@@ -425,16 +395,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_table(const P p) {
                             a[h][(i & 1) * 2 + (i >> 1)] =
                                 e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t *>(tab + o[i]));
                     }
-                    if (SCF)
-                        continue;
-                    const __half2 sv0 = *reinterpret_cast<const __half2 *>(&s0[st >> 1]),
-                                  sv1 = *reinterpret_cast<const __half2 *>(&s1[st >> 1]);
-                    const __half2 w0 = st & 1 ? __high2half2(sv0) : __low2half2(sv0),
-                                  w1 = st & 1 ? __high2half2(sv1) : __low2half2(sv1);
-                    a[h][0] = h2_mul(a[h][0], w0);
-                    a[h][2] = h2_mul(a[h][2], w0);
-                    a[h][1] = h2_mul(a[h][1], w1);
-                    a[h][3] = h2_mul(a[h][3], w1);
+                    if (!SCF)
+                        scale_a(a[h], s0, s1, st);
                 }
                 const uint4 bx = *reinterpret_cast<const uint4 *>(xq + st * 16);
                 if (SCF) {

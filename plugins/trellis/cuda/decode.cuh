@@ -27,10 +27,11 @@ struct lane_window {
     int i0, i1, i2, off;
 };
 
-template <int K>
+/* STEP: the ring bits of the lane's first state past bit 8lK (K: a state a weight). */
+template <int K, int STEP = K>
 __device__ __forceinline__ lane_window lane_window_of(int lane) {
     constexpr int nw = 8 * K, ring = 256 * K;
-    int b = 8 * lane * K + K - 16; /* first bit of position 8l's state; lane 0 wraps */
+    int b = 8 * lane * K + STEP - 16; /* first bit of position 8l's state; lane 0 wraps */
     if (b < 0) b += ring;
     lane_window w;
     w.i0 = b >> 5;
@@ -52,15 +53,15 @@ __device__ __forceinline__ uint32_t mul_lo(uint32_t x, uint32_t m) {
  * (whi << a) >> 16, the left shift as a multiply and no mask: one ALU instruction and, with
  * the hash, two on the multiply pipe, where a shift and a mask would be two on the ALU pipe,
  * which the law's conversions also need (docs/perf/h200-codec.md, "Where the time goes"). */
-template <int K>
-__device__ __forceinline__ void lane_states(const uint32_t *w, lane_window lw, uint32_t s[8]) {
+template <int K, int N = 8, int STRIDE = K> /* N states STRIDE bits apart (pair laws: 4, 2K) */
+__device__ __forceinline__ void lane_states(const uint32_t *w, lane_window lw, uint32_t s[N]) {
     const uint32_t hi = w[lw.i0], mid = w[lw.i1], lo = w[lw.i2];
     /* whi:wlo = the 64 ring bits from the window's start, MSB first. */
     const uint32_t whi = __funnelshift_l(mid, hi, lw.off), wlo = __funnelshift_l(lo, mid, lw.off);
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        constexpr int top = 48;     /* state 0 is bits 48..63 of whi:wlo */
-        const int sh = top - j * K; /* constant after unrolling */
+    for (int j = 0; j < N; j++) {
+        constexpr int top = 48;          /* state 0 is bits 48..63 of whi:wlo */
+        const int sh = top - j * STRIDE; /* constant after unrolling */
         if (sh == top)
             s[j] = whi >> 16;
         else if (sh > 32)
