@@ -25,14 +25,19 @@
 /* The α tmx writes for law e2m1 (docs/trellismx.md §4.2). */
 #define TMX_TRELLIS_ALPHA 0.5625f
 
-/* The two codecs of docs/trellismx.md §0 and what each fixes in hf_quant_config.json. */
-enum tmx_trellis_codec_id { TMX_TRELLIS_CODEC_E4M3 = 0, TMX_TRELLIS_CODEC_FP4 = 1 };
+/* The two codecs of docs/trellismx.md §0, the experimental one of §14, and what each fixes
+ * in hf_quant_config.json. */
+enum tmx_trellis_codec_id {
+    TMX_TRELLIS_CODEC_E4M3 = 0,
+    TMX_TRELLIS_CODEC_FP4 = 1,
+    TMX_TRELLIS_CODEC_PAIR = 2,
+};
 
 struct tmx_trellis_codec_spec {
-    const char *name;             /* "trellis-e4m3" / "trellis-fp4": the plugin's name */
-    enum tmx_trellis_law_id law;  /* e4m3 / e2m1 */
-    int block;                    /* inputs per block scale: 32 / 16 */
-    const char *activation;       /* "e4m3-token" / "nvfp4-token" */
+    const char *name;             /* "trellis-e4m3" / "trellis-fp4" / "trellis-e4m3-pair" */
+    enum tmx_trellis_law_id law;  /* e4m3 / e2m1 / e4m3-pair */
+    int block;                    /* inputs per block scale: 32 / 16 / 32 */
+    const char *activation;       /* "e4m3-token" / "nvfp4-token" / "e4m3-token" */
 };
 
 const struct tmx_trellis_codec_spec *tmx_trellis_codec_spec(enum tmx_trellis_codec_id id);

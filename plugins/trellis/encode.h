@@ -27,9 +27,10 @@
 #define TMX_TRELLIS_EXPERTS_PER_FILE 32 /* experts per experts/ file (§10.2) */
 #define TMX_TRELLIS_LDLQ_BLOCK 16       /* columns fed back together: one tile column */
 
-/* Inputs per block scale: 32 for law e4m3 (codec trellis-e4m3), 16 for e2m1 (trellis-fp4). */
+/* Inputs per block scale: 32 for laws e4m3 and e4m3-pair (codecs trellis-e4m3 and
+ * trellis-e4m3-pair), 16 for e2m1 (trellis-fp4). */
 static inline int tmx_trellis_law_block(enum tmx_trellis_law_id law) {
-    return law == TMX_TRELLIS_LAW_E4M3 ? 32 : 16;
+    return law == TMX_TRELLIS_LAW_E2M1 ? 16 : 32;
 }
 
 /* Seed of coupled vector v (0 sign_latent_in, 1 sign_intermediate, 2 sign_latent_out) of MoE

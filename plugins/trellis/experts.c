@@ -194,7 +194,7 @@ static int64_t sort_pairs(struct step *s, const int32_t *ids, int64_t n, int64_t
 static float activation_operands(const struct trellis_codec *c, struct thread_buf *tb, float *v,
                                  int64_t n, float *xp) {
     float scale = 1.0f;
-    if (c->serving && c->id == TMX_TRELLIS_CODEC_E4M3) {
+    if (c->serving && c->id != TMX_TRELLIS_CODEC_FP4) { /* E4M3 per token */
         scale = tmx_trellis_act_e4m3(v, n, tb->q);
         for (int64_t i = 0; i < n; i++) v[i] = tmx_e4m3_to_f32(tb->q[i]);
     } else if (c->serving) {

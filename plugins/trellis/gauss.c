@@ -56,12 +56,17 @@ enum tmx_status tmx_trellis_gauss_mse(const struct tmx_trellis_law *law, int K, 
     uint64_t rng = seed;
     tmx_trellis_gauss_fill(&rng, x, (int64_t)n_tiles * TMX_TRELLIS_TILE);
 
-    double rms = 0.0; /* of the law's values over all states */
-    for (unsigned s = 0; s < 65536; s++) {
-        const double v = law->value[tmx_trellis_sigma((uint16_t)s)];
-        rms += v * v;
+    float *v = malloc(65536 * sizeof *v); /* each state's (first) value */
+    if (!v) {
+        free(x);
+        tmx_trellis_viterbi_free(vit);
+        return trellis_err(err, TMX_ERR_NOMEM, "trellis gauss mse: out of memory");
     }
+    tmx_trellis_state_values(law, v, NULL);
+    double rms = 0.0; /* of the law's values over all states */
+    for (unsigned s = 0; s < 65536; s++) rms += (double)v[s] * v[s];
     rms = sqrt(rms / 65536);
+    free(v);
 
     const int m = n_tiles < SEARCH_TILES ? n_tiles : SEARCH_TILES;
     const double g = (sqrt(5.0) - 1) / 2;

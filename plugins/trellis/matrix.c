@@ -14,10 +14,13 @@
 enum tmx_status tmx_trellis_matrix_check(const struct tmx_trellis_matrix *m, char **err) {
     if (!m->law)
         return trellis_err(err, TMX_ERR_INVALID, "trellis matrix: no decode law");
-    if (m->K < TMX_TRELLIS_K_MIN || m->K > TMX_TRELLIS_K_MAX)
-        return trellis_err(err, TMX_ERR_INVALID, "trellis matrix: K = %d is not in %d..%d", m->K,
-                           TMX_TRELLIS_K_MIN, TMX_TRELLIS_K_MAX);
-    const int block = m->law->id == TMX_TRELLIS_LAW_E4M3 ? 32 : 16;
+    const int k_max =
+        m->law->id == TMX_TRELLIS_LAW_PAIR ? TMX_TRELLIS_PAIR_K_MAX : TMX_TRELLIS_K_MAX;
+    if (m->K < TMX_TRELLIS_K_MIN || m->K > k_max)
+        return trellis_err(err, TMX_ERR_INVALID,
+                           "trellis matrix: K = %d is not in %d..%d (law %s)", m->K,
+                           TMX_TRELLIS_K_MIN, k_max, tmx_trellis_law_name(m->law->id));
+    const int block = m->law->id == TMX_TRELLIS_LAW_E2M1 ? 16 : 32;
     if (m->block != block)
         return trellis_err(err, TMX_ERR_INVALID,
                            "trellis matrix: block %d, but law %s has block scales per %d inputs",

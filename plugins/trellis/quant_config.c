@@ -9,9 +9,10 @@
 #include "codec.h"
 #include "impl.h"
 
-static const struct tmx_trellis_codec_spec specs[2] = {
+static const struct tmx_trellis_codec_spec specs[3] = {
     {"trellis-e4m3", TMX_TRELLIS_LAW_E4M3, 32, "e4m3-token"},
     {"trellis-fp4", TMX_TRELLIS_LAW_E2M1, 16, "nvfp4-token"},
+    {"trellis-e4m3-pair", TMX_TRELLIS_LAW_PAIR, 32, "e4m3-token"},
 };
 
 const struct tmx_trellis_codec_spec *tmx_trellis_codec_spec(enum tmx_trellis_codec_id id) {
@@ -72,7 +73,9 @@ static enum tmx_status check(const char *path, json_t *q, enum tmx_trellis_codec
                      &version, err)) ||
         (st = string_is(path, q, "codec", spec->name, err)) ||
         (st = string_is(path, q, "law", tmx_trellis_law_name(spec->law), err)) ||
-        (st = int_in(path, q, "bits", TMX_TRELLIS_K_MIN, TMX_TRELLIS_K_MAX, &out->bits, err)) ||
+        (st = int_in(path, q, "bits", TMX_TRELLIS_K_MIN,
+                     spec->law == TMX_TRELLIS_LAW_PAIR ? TMX_TRELLIS_PAIR_K_MAX : TMX_TRELLIS_K_MAX,
+                     &out->bits, err)) ||
         (st = int_in(path, q, "block_size", spec->block, spec->block, &block, err)) ||
         (st = string_is(path, q, "activation", spec->activation, err)) ||
         (st = int_in(path, q, "hadamard_block", TMX_TRELLIS_HADAMARD, TMX_TRELLIS_HADAMARD,

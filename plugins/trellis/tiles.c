@@ -115,14 +115,43 @@ static inline __attribute__((always_inline)) void decode_k(const float *value,
     }
 }
 
-static void decode(const float *value, const uint32_t *w, int K, const f32x8 scales[8],
-                   float *out) {
+/* decode_k for law e4m3-pair (docs/trellismx.md §14): a lane's odd positions' states (the
+ * odd shifts above) give its four pairs of codes. Not vectorized: an experimental law. */
+static void decode_pair(const uint16_t *pairs, const uint32_t *w, const int K,
+                        const f32x8 scales[8], float *out) {
+    const int nw = tmx_trellis_words(K);
+    uint32_t ext[8 * TMX_TRELLIS_PAIR_K_MAX + 3];
+    ext[0] = w[nw - 1];
+    memcpy(ext + 1, w, (size_t)nw * sizeof *w);
+    ext[nw + 1] = w[0];
+    ext[nw + 2] = w[1];
+    for (int l = 0; l < 32; l++) {
+        const int b = 8 * l * K + K - 16 + 32;
+        const int i = b >> 5, off = b & 31;
+        const uint64_t hi = (uint64_t)ext[i] << 32 | ext[i + 1];
+        const uint64_t win = hi << off | ((uint64_t)ext[i + 2] << off) >> 32;
+        f32x8 v;
+        for (int p = 0; p < 4; p++) { /* positions 8l + 2p, + 1: the state of the second */
+            const uint16_t pair = pairs[win >> (48 - (2 * p + 1) * K) & 0xffff];
+            v[2 * p] = tmx_e4m3_to_f32((uint8_t)(pair & 0xff));
+            v[2 * p + 1] = tmx_e4m3_to_f32((uint8_t)(pair >> 8));
+        }
+        v8_store(out + 8 * l, v * scales[l >> 2]);
+    }
+}
+
+static void decode(const struct tmx_trellis_law *law, const uint32_t *w, int K,
+                   const f32x8 scales[8], float *out) {
+    if (law->id == TMX_TRELLIS_LAW_PAIR) {
+        decode_pair(law->pairs, w, K, scales, out);
+        return;
+    }
     switch (K) {
-    case 2: decode_k(value, w, 2, scales, out); break;
-    case 3: decode_k(value, w, 3, scales, out); break;
-    case 4: decode_k(value, w, 4, scales, out); break;
-    case 5: decode_k(value, w, 5, scales, out); break;
-    default: decode_k(value, w, 6, scales, out); break;
+    case 2: decode_k(law->value, w, 2, scales, out); break;
+    case 3: decode_k(law->value, w, 3, scales, out); break;
+    case 4: decode_k(law->value, w, 4, scales, out); break;
+    case 5: decode_k(law->value, w, 5, scales, out); break;
+    default: decode_k(law->value, w, 6, scales, out); break;
     }
 }
 
@@ -131,7 +160,7 @@ void trellis_tile_operands(const struct tmx_trellis_matrix *m, int64_t tr, int64
     f32x8 scales[8];
     tile_scales(m, tr, tc, scales);
     const int nw = tmx_trellis_words(m->K);
-    decode(m->law->value, m->words + (tr * (m->cols / 16) + tc) * nw, m->K, scales, out);
+    decode(m->law, m->words + (tr * (m->cols / 16) + tc) * nw, m->K, scales, out);
 }
 
 void trellis_operands_lay(const float *x, int64_t cols, float *xp) {
@@ -157,7 +186,7 @@ void trellis_rows_mul(const struct tmx_trellis_matrix *m, int64_t r0, int64_t r1
         for (int64_t tc0 = 0; tc0 < tiles_c; tc0 += TRELLIS_CHUNK) {
             for (int c = 0; c < TRELLIS_CHUNK; c++) {
                 if ((16 * (tc0 + c)) % m->block == 0) tile_scales(m, tr, tc0 + c, scales);
-                decode(m->law->value, m->words + (tr * tiles_c + tc0 + c) * nw, m->K, scales,
+                decode(m->law, m->words + (tr * tiles_c + tc0 + c) * nw, m->K, scales,
                        s->tiles[c]);
             }
             for (int i = 0; i < n; i++) {

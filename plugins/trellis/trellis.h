@@ -12,7 +12,10 @@
  *   tmx_trellis_pos(t): the mma m16n8k16 B-fragment order.
  * - Its state is the 16-bit window of bits ending at bit (t+1)*K, read around the tile's end.
  * - A decode law maps a state to an operand code: an E4M3 byte (law e4m3) or an E2M1 nibble
- *   (law e2m1), through sigma(state), the byte sum of state * 0x83DCD12D, and v(sigma).
+ *   (law e2m1), through sigma(state), the byte sum of state * 0x83DCD12D, and v(sigma). The
+ *   experimental law e4m3-pair (not TrellisMX v1, docs/trellismx.md §14) maps the state of
+ *   every odd position 2t + 1 to the E4M3 codes of positions 2t and 2t + 1, by a table of
+ *   65536 pairs; its searches step two positions (2K bits) at a time, so K is 2..4.
  * - "Tile order" for float data means tile row-major: index 16*r + c, r the output row (n) and
  *   c the input column (k) inside the tile. */
 #ifndef TMX_TRELLIS_H
@@ -78,14 +81,18 @@ float tmx_trellis_v(int sigma);
 enum tmx_trellis_law_id {
     TMX_TRELLIS_LAW_E4M3 = 0, /* code = RNE_E4M3(v(sigma)) */
     TMX_TRELLIS_LAW_E2M1 = 1, /* code = RNE_E2M1(v(sigma) / alpha) */
+    TMX_TRELLIS_LAW_PAIR = 2, /* e4m3-pair: codes of 2t, 2t + 1 = pairs[state of 2t + 1] */
 };
+
+#define TMX_TRELLIS_PAIR_K_MAX 4 /* law e4m3-pair: 16 - 2K bits of a state carry over */
 
 /* A law's tables; caller-owned, filled by tmx_trellis_law_init, nothing to free. */
 struct tmx_trellis_law {
     enum tmx_trellis_law_id id;
     float alpha;                           /* e2m1 divisor; 1 for e4m3 */
-    uint8_t code[TMX_TRELLIS_SIGMAS];      /* sigma -> E4M3 byte or E2M1 nibble */
-    float value[TMX_TRELLIS_SIGMAS];       /* sigma -> the value of that code */
+    uint8_t code[TMX_TRELLIS_SIGMAS];      /* sigma -> E4M3 byte or E2M1 nibble (v1 laws) */
+    float value[TMX_TRELLIS_SIGMAS];       /* sigma -> the value of that code (v1 laws) */
+    const uint16_t *pairs; /* e4m3-pair: [65536] code 0 | code 1 << 8 by state (static) */
 };
 
 /* Fills `law`. alpha is read for e2m1 only and must be positive and finite. */
@@ -95,13 +102,16 @@ enum tmx_status tmx_trellis_law_init(struct tmx_trellis_law *law, enum tmx_trell
 const char *tmx_trellis_law_name(enum tmx_trellis_law_id id);
 int tmx_trellis_law_from_name(const char *name);
 
-/* Operand codes of a tile in trellis order. e4m3: out[256] bytes. e2m1: out[128], position 2i
- * in the low nibble of out[i] and 2i+1 in the high nibble. */
+/* Operand codes of a tile in trellis order. e4m3, e4m3-pair: out[256] bytes. e2m1: out[128],
+ * position 2i in the low nibble of out[i] and 2i+1 in the high nibble. */
 void tmx_trellis_decode_codes(const struct tmx_trellis_law *law, const uint32_t *words, int K,
                               uint8_t *out);
 /* The code values of a tile in tile order: out[16][16]. */
 void tmx_trellis_decode_values(const struct tmx_trellis_law *law, const uint32_t *words, int K,
                                float *out);
+/* Every state's code value: v0[65536]; law e4m3-pair: v0 of the pair's first position and, if
+ * v1 is not NULL, v1[65536] of its second. */
+void tmx_trellis_state_values(const struct tmx_trellis_law *law, float *v0, float *v1);
 
 /* --- viterbi.c: the encoder of one tile --------------------------------------------------- */
 

@@ -10,6 +10,11 @@
  * One step is one pass over the 2^16 state values; it keeps m (2^(16-K) floats) and, for the
  * backtrack, the minimizing j of every h (a byte).
  *
+ * Law e4m3-pair codes two positions by one state (of the odd one), so its path is the 128
+ * states of positions 1, 3, ..., 255, each shifted 2K bits from the last, and a step's cost is
+ * the squared error of both positions: the same search with KV = 2K bits a step in place of K
+ * (K <= 4, so that j fits the byte and the tag below).
+ *
  * Tail-biting, as QTIP does it: a first pass over the target rotated by 128 positions, free at
  * both ends, finds a good state for the ring's seam (position 255, now in the middle); a second
  * pass over the target as it is starts and ends on that seam's low 16-K bits, so its best path
@@ -31,8 +36,9 @@ typedef int32_t i32x8 __attribute__((vector_size(32)));
 #define UNREACHABLE 0x1p100f
 
 struct tmx_trellis_viterbi {
-    int K;
-    float *value;   /* [65536] the law's value of each state */
+    int K, V;       /* bits a position; positions a state (2: law e4m3-pair) */
+    float *value;   /* [65536] the law's value of each state (of its first position) */
+    float *value2;  /* [65536] law e4m3-pair: the value of its second position */
     float *m[2];    /* [2^(16-K) + 16] m_{t-1} and m_t, swapping roles every step */
     uint32_t *back; /* [256][2^(16-K) / 4] minimizing top bits j, four per word (see step) */
     float x[TMX_TRELLIS_TILE];       /* the target in trellis order, maybe rotated */
@@ -42,6 +48,7 @@ struct tmx_trellis_viterbi {
 void tmx_trellis_viterbi_free(struct tmx_trellis_viterbi *vit) {
     if (!vit) return;
     free(vit->value);
+    free(vit->value2);
     free(vit->m[0]);
     free(vit->m[1]);
     free(vit->back);
@@ -50,25 +57,30 @@ void tmx_trellis_viterbi_free(struct tmx_trellis_viterbi *vit) {
 
 enum tmx_status tmx_trellis_viterbi_new(const struct tmx_trellis_law *law, int K,
                                         struct tmx_trellis_viterbi **out, char **err) {
-    if (K < TMX_TRELLIS_K_MIN || K > TMX_TRELLIS_K_MAX)
-        return trellis_err(err, TMX_ERR_INVALID, "trellis viterbi: K = %d is not in %d..%d", K,
-                           TMX_TRELLIS_K_MIN, TMX_TRELLIS_K_MAX);
+    const int pair = law->id == TMX_TRELLIS_LAW_PAIR;
+    const int k_max = pair ? TMX_TRELLIS_PAIR_K_MAX : TMX_TRELLIS_K_MAX;
+    if (K < TMX_TRELLIS_K_MIN || K > k_max)
+        return trellis_err(err, TMX_ERR_INVALID,
+                           "trellis viterbi: K = %d is not in %d..%d for law %s", K,
+                           TMX_TRELLIS_K_MIN, k_max, tmx_trellis_law_name(law->id));
     struct tmx_trellis_viterbi *vit = calloc(1, sizeof *vit);
     if (!vit) return trellis_err(err, TMX_ERR_NOMEM, "trellis viterbi: out of memory");
-    const size_t nh = (size_t)1 << (16 - K);
+    const size_t nh = (size_t)1 << (16 - K); /* the most histories a step keeps (V = 1) */
     vit->K = K;
+    vit->V = pair ? 2 : 1;
     vit->value = aligned_alloc(64, 65536 * sizeof(float));
+    if (pair) vit->value2 = aligned_alloc(64, 65536 * sizeof(float));
     /* Slack after m: K = 2 loads 8 costs to use the first 2 (16 keeps the size a multiple of
      * the alignment). */
     vit->m[0] = aligned_alloc(64, (nh + 16) * sizeof(float));
     vit->m[1] = aligned_alloc(64, (nh + 16) * sizeof(float));
     vit->back = malloc(TMX_TRELLIS_TILE * nh);
-    if (!vit->value || !vit->m[0] || !vit->m[1] || !vit->back) {
+    if (!vit->value || (pair && !vit->value2) || !vit->m[0] || !vit->m[1] || !vit->back) {
         tmx_trellis_viterbi_free(vit);
         return trellis_err(err, TMX_ERR_NOMEM, "trellis viterbi: out of memory");
     }
     for (int i = 0; i < 16; i++) vit->m[0][nh + i] = vit->m[1][nh + i] = UNREACHABLE;
-    for (unsigned s = 0; s < 65536; s++) vit->value[s] = law->value[tmx_trellis_sigma((uint16_t)s)];
+    tmx_trellis_state_values(law, vit->value, vit->value2);
     *out = vit;
     return TMX_OK;
 }
@@ -95,36 +107,44 @@ static inline i32x8 min_i32(i32x8 a, i32x8 b) {
 
 /* Costs are non-negative floats, which order like their bit patterns; a cost with j written
  * into its K lowest mantissa bits carries its argmin through an integer min (the lowest j wins
- * ties). It loses those bits, a relative 2^(K-23), far below what decides a path. */
-static inline i32x8 tagged_cost(const float *value, const float *prev, size_t s, f32x8 x,
-                                int32_t j, int K) {
+ * ties). It loses those bits, a relative 2^(K-23) (2^-15 at most), far below what decides a
+ * path. value2 and x2: the second position of a pair (law e4m3-pair), else NULL. */
+static inline i32x8 tagged_cost(const float *value, const float *value2, const float *prev,
+                                size_t s, f32x8 x, f32x8 x2, int32_t j, int K) {
     f32x8 v;
     memcpy(&v, value + s, sizeof v);
     const f32x8 d = v - x;
-    return ((i32x8)(prev_costs(prev, s, K) + d * d) & ~((1 << K) - 1)) | j;
+    f32x8 c = prev_costs(prev, s, K) + d * d;
+    if (value2) {
+        memcpy(&v, value2 + s, sizeof v);
+        const f32x8 d2 = v - x2;
+        c += d2 * d2;
+    }
+    return ((i32x8)c & ~((1 << K) - 1)) | j;
 }
 
 static inline void store8(float *dst, i32x8 v) { memcpy(dst, &v, sizeof v); }
 
-/* One step for target value x: next = m_t from prev = m_{t-1}, and the argmins j into back.
- * Histories go 32 at a time, as four independent vectors, so that their min chains overlap;
- * word 8g + i of back holds in byte k the j of history h = 32g + 8k + i. */
-static inline __attribute__((always_inline)) void step(const float *value, const float *prev,
-                                                       float *next, uint32_t *back, float x,
-                                                       int K) {
+/* One step for target value x (and x2, law e4m3-pair): next = m_t from prev = m_{t-1}, and
+ * the argmins j into back. K is the bits a step (2K for pairs). Histories go 32 at a time, as
+ * four independent vectors, so that their min chains overlap; word 8g + i of back holds in
+ * byte k the j of history h = 32g + 8k + i. */
+static inline __attribute__((always_inline)) void step(const float *value, const float *value2,
+                                                       const float *prev, float *next,
+                                                       uint32_t *back, float x, float x2, int K) {
     const size_t nh = (size_t)1 << (16 - K);
     const i32x8 none = {INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX,
                         INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX};
     const i32x8 tag = none & ((1 << K) - 1);
-    const f32x8 xv = {x, x, x, x, x, x, x, x};
+    const f32x8 xv = {x, x, x, x, x, x, x, x}, xv2 = {x2, x2, x2, x2, x2, x2, x2, x2};
     for (size_t h = 0; h < nh; h += 32) {
         i32x8 b0 = none, b1 = none, b2 = none, b3 = none;
         for (int32_t j = 0; j < 1 << K; j++) {
             const size_t s = (size_t)j << (16 - K) | h; /* j is the state's top K bits */
-            b0 = min_i32(tagged_cost(value, prev, s, xv, j, K), b0);
-            b1 = min_i32(tagged_cost(value, prev, s + 8, xv, j, K), b1);
-            b2 = min_i32(tagged_cost(value, prev, s + 16, xv, j, K), b2);
-            b3 = min_i32(tagged_cost(value, prev, s + 24, xv, j, K), b3);
+            b0 = min_i32(tagged_cost(value, value2, prev, s, xv, xv2, j, K), b0);
+            b1 = min_i32(tagged_cost(value, value2, prev, s + 8, xv, xv2, j, K), b1);
+            b2 = min_i32(tagged_cost(value, value2, prev, s + 16, xv, xv2, j, K), b2);
+            b3 = min_i32(tagged_cost(value, value2, prev, s + 24, xv, xv2, j, K), b3);
         }
         store8(next + h, b0);
         store8(next + h + 8, b1);
@@ -139,44 +159,51 @@ static inline unsigned back_at(const uint32_t *back, unsigned h) {
     return back[(h >> 5) * 8 + (h & 7)] >> (8 * ((h >> 3) & 3)) & 0xff;
 }
 
+/* V = 1: one step a position, KV = K. V = 2: one step a pair of positions, KV = 2K. */
 static inline __attribute__((always_inline)) void forward_k(struct tmx_trellis_viterbi *vit,
-                                                            int K) {
-    const size_t nw = (size_t)1 << (14 - K);
-    for (int t = 0; t < TMX_TRELLIS_TILE; t++)
-        step(vit->value, vit->m[t & 1], vit->m[(t + 1) & 1], vit->back + t * nw, vit->x[t], K);
+                                                            int KV, int V) {
+    const size_t nw = (size_t)1 << (14 - KV);
+    for (int t = 0; t < TMX_TRELLIS_TILE / V; t++)
+        step(vit->value, V == 2 ? vit->value2 : NULL, vit->m[t & 1], vit->m[(t + 1) & 1],
+             vit->back + t * nw, vit->x[V * t], V == 2 ? vit->x[V * t + 1] : 0.0f, KV);
 }
 
-/* Runs all 256 steps over vit->x from the start costs in m[0]; the last m_t ends in m[0]. K is
- * a constant in each branch, so every inner loop is specialized. */
+/* Runs every step over vit->x from the start costs in m[0]; the last m_t ends in m[0] (there
+ * is an even number of steps). The bits a step are a constant in each branch, so every inner
+ * loop is specialized. */
 static void forward(struct tmx_trellis_viterbi *vit) {
-    switch (vit->K) {
-    case 2: forward_k(vit, 2); break;
-    case 3: forward_k(vit, 3); break;
-    case 4: forward_k(vit, 4); break;
-    case 5: forward_k(vit, 5); break;
-    default: forward_k(vit, 6); break;
+    switch (vit->V * 8 + vit->K) {
+    case 8 + 2: forward_k(vit, 2, 1); break;
+    case 8 + 3: forward_k(vit, 3, 1); break;
+    case 8 + 4: forward_k(vit, 4, 1); break;
+    case 8 + 5: forward_k(vit, 5, 1); break;
+    case 8 + 6: forward_k(vit, 6, 1); break;
+    case 16 + 2: forward_k(vit, 4, 2); break;
+    case 16 + 3: forward_k(vit, 6, 2); break;
+    default: forward_k(vit, 8, 2); break;
     }
 }
 
-/* Fills path[from..255] backwards from the final state whose low bits are h. */
+/* Fills path[from..] (steps) backwards from the final state whose low bits are h. */
 static void backtrack(struct tmx_trellis_viterbi *vit, unsigned h, int from) {
-    const int K = vit->K, hb = 16 - K;
-    const size_t nw = (size_t)1 << (14 - K);
-    for (int t = TMX_TRELLIS_TILE - 1; t >= from; t--) {
+    const int KV = vit->V * vit->K, hb = 16 - KV;
+    const size_t nw = (size_t)1 << (14 - KV);
+    for (int t = TMX_TRELLIS_TILE / vit->V - 1; t >= from; t--) {
         const unsigned s = h | back_at(vit->back + t * nw, h) << hb;
         vit->path[t] = (uint16_t)s;
-        h = s >> K;
+        h = s >> KV;
     }
 }
 
 double tmx_trellis_viterbi_encode(struct tmx_trellis_viterbi *vit, const float *target,
                                   uint32_t *words) {
-    const int K = vit->K, half = TMX_TRELLIS_TILE / 2;
-    const unsigned nh = 1u << (16 - K);
+    const int K = vit->K, V = vit->V, KV = V * K, steps = TMX_TRELLIS_TILE / V;
+    const int half = steps / 2; /* steps; 128 positions either way */
+    const unsigned nh = 1u << (16 - KV);
 
     /* Pass 1: rotated by half a tile, free ends; read the seam state in the middle. */
     for (int t = 0; t < TMX_TRELLIS_TILE; t++)
-        vit->x[t] = target[tmx_trellis_pos((t + half) % TMX_TRELLIS_TILE)];
+        vit->x[t] = target[tmx_trellis_pos((t + TMX_TRELLIS_TILE / 2) % TMX_TRELLIS_TILE)];
     memset(vit->m[0], 0, nh * sizeof(float));
     forward(vit);
     unsigned best = 0;
@@ -192,12 +219,18 @@ double tmx_trellis_viterbi_encode(struct tmx_trellis_viterbi *vit, const float *
     forward(vit);
     backtrack(vit, seam, 0);
 
+    /* A step's state ends in its positions' symbols, the last position's lowest. */
     uint8_t syms[TMX_TRELLIS_TILE];
     double sse = 0.0;
-    for (int t = 0; t < TMX_TRELLIS_TILE; t++) {
-        syms[t] = (uint8_t)(vit->path[t] & ((1u << K) - 1));
-        const double d = (double)vit->x[t] - vit->value[vit->path[t]];
-        sse += d * d;
+    const unsigned mask = (1u << K) - 1;
+    for (int t = 0; t < steps; t++) {
+        const unsigned s = vit->path[t];
+        for (int v = 0; v < V; v++) {
+            const int p = V * t + v;
+            syms[p] = (uint8_t)(s >> (K * (V - 1 - v)) & mask);
+            const double d = (double)vit->x[p] - (v ? vit->value2[s] : vit->value[s]);
+            sse += d * d;
+        }
     }
     tmx_trellis_pack(syms, K, words);
     return sse;

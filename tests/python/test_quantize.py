@@ -1,6 +1,7 @@
 """tmx quantize end to end (core/quantize.c, plugins/trellis/encode.c, docs/trellismx.md §10).
 
-muse-tiny in BF16 is quantized with both TrellisMX codecs at K = 3, and muse-tiny in F32 with
+muse-tiny in BF16 is quantized with both TrellisMX codecs and the experimental trellis-e4m3-pair
+(docs/trellismx.md §14) at K = 3, and muse-tiny in F32 with
 the int8 example codec (tests/plugins/codec-int8.c, whose host path reads F32 norms only). Each
 build must hold the files of §10.1 with the fields of §10.4, pass `tmx inspect --verify`, load
 and run in `tmx generate`, and its logits must track the unquantized model's. Damage to an
@@ -38,8 +39,9 @@ import safetensors_io  # noqa: E402
 TMX = os.path.join(BIN_DIR, "tmx")
 # The int8 codec is a test plugin: it is built beside the unit tests, not into bin/.
 INT8_DIR = str(pathlib.Path(BIN_DIR).resolve().parent / "tests" / "plugins")
-CODECS = ["trellis-e4m3", "trellis-fp4", "int8"]
-BOUNDS = {"trellis-e4m3": (0.6, 0.35), "trellis-fp4": (0.6, 0.35), "int8": (0.35, 0.6)}
+CODECS = ["trellis-e4m3", "trellis-fp4", "trellis-e4m3-pair", "int8"]
+BOUNDS = {"trellis-e4m3": (0.6, 0.35), "trellis-fp4": (0.6, 0.35),
+          "trellis-e4m3-pair": (0.6, 0.35), "int8": (0.35, 0.6)}
 PROMPTS = [
     "Once upon a time, in a kingdom by the sea, there lived a king who had three daughters.",
     "The quick brown fox jumps over the lazy dog; then it runs into the forest and hides.",
@@ -128,7 +130,8 @@ def test_build_files(builds, codec):
     if codec == "int8":
         return
     law, block, act = {"trellis-e4m3": ("e4m3", 32, "e4m3-token"),
-                       "trellis-fp4": ("e2m1", 16, "nvfp4-token")}[codec]
+                       "trellis-fp4": ("e2m1", 16, "nvfp4-token"),
+                       "trellis-e4m3-pair": ("e4m3-pair", 32, "e4m3-token")}[codec]
     assert q["trellismx_version"] == 1 and q["law"] == law and q["bits"] == 3
     assert q["block_size"] == block and q["activation"] == act
     assert q["hadamard_block"] == 128 and q["experts_per_file"] == 32
@@ -282,6 +285,9 @@ def test_refusals(models, builds, tmp_path):
     err = run("quantize", "--model", models["bf16"], "--out", str(tmp_path / "b"), "--codec",
               "trellis-e4m3", "--bits", "9", check=False).stderr
     assert "--bits 9" in err
+    err = run("quantize", "--model", models["bf16"], "--out", str(tmp_path / "p"), "--codec",
+              "trellis-e4m3-pair", "--bits", "5", check=False).stderr
+    assert "codec.trellis-e4m3-pair cannot build at --bits 5" in err  # its K is 2..4
     err = run("quantize", "--model", builds["trellis-fp4"], "--out", str(tmp_path / "c"),
               "--codec", "trellis-fp4", check=False).stderr
     assert "already quantized" in err

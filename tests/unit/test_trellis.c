@@ -265,8 +265,9 @@ static void test_pack_round_trip(void **state) {
  * +0 are equal values). */
 static void test_viterbi_exact(void **state) {
     (void)state;
-    for (int id = 0; id < 2; id++)
-        for (int K = TMX_TRELLIS_K_MIN; K <= TMX_TRELLIS_K_MAX; K++) {
+    for (int id = 0; id < 3; id++)
+        for (int K = TMX_TRELLIS_K_MIN;
+             K <= (id == TMX_TRELLIS_LAW_PAIR ? TMX_TRELLIS_PAIR_K_MAX : TMX_TRELLIS_K_MAX); K++) {
             struct tmx_trellis_law law;
             struct tmx_trellis_viterbi *vit;
             assert_int_equal(tmx_trellis_law_init(&law, id, 0.5625f, NULL), TMX_OK);
@@ -292,30 +293,78 @@ static void test_viterbi_closes_ring(void **state) {
     (void)state;
     struct tmx_trellis_law law;
     struct tmx_trellis_viterbi *vit;
-    assert_int_equal(tmx_trellis_law_init(&law, TMX_TRELLIS_LAW_E4M3, 1.0f, NULL), TMX_OK);
-    for (int K = 2; K <= 4; K++) {
-        assert_int_equal(tmx_trellis_viterbi_new(&law, K, &vit, NULL), TMX_OK);
-        for (int rep = 0; rep < 3; rep++) {
-            float target[TMX_TRELLIS_TILE], got[TMX_TRELLIS_TILE];
-            uint32_t words[8 * TMX_TRELLIS_K_MAX];
-            double ref = 0.0, again = 0.0;
-            for (int i = 0; i < TMX_TRELLIS_TILE; i++) {
-                target[i] = ((float)(rnd() % 2001) - 1000.0f) / 400.0f;
-                ref += (double)target[i] * target[i];
+    const enum tmx_trellis_law_id ids[] = {TMX_TRELLIS_LAW_E4M3, TMX_TRELLIS_LAW_PAIR};
+    for (int l = 0; l < 2; l++) {
+        assert_int_equal(tmx_trellis_law_init(&law, ids[l], 1.0f, NULL), TMX_OK);
+        for (int K = 2; K <= 4; K++) {
+            assert_int_equal(tmx_trellis_viterbi_new(&law, K, &vit, NULL), TMX_OK);
+            for (int rep = 0; rep < 3; rep++) {
+                float target[TMX_TRELLIS_TILE], got[TMX_TRELLIS_TILE];
+                uint32_t words[8 * TMX_TRELLIS_K_MAX];
+                double ref = 0.0, again = 0.0;
+                for (int i = 0; i < TMX_TRELLIS_TILE; i++) {
+                    target[i] = ((float)(rnd() % 2001) - 1000.0f) / 400.0f;
+                    ref += (double)target[i] * target[i];
+                }
+                const double sse = tmx_trellis_viterbi_encode(vit, target, words);
+                tmx_trellis_decode_values(&law, words, K, got);
+                for (int i = 0; i < TMX_TRELLIS_TILE; i++)
+                    again += ((double)target[i] - got[i]) * ((double)target[i] - got[i]);
+                assert_true(fabs(sse - again) <= 1e-12 * again);
+                assert_true(sse < 0.3 * ref); /* a real code, not noise */
             }
-            const double sse = tmx_trellis_viterbi_encode(vit, target, words);
-            tmx_trellis_decode_values(&law, words, K, got);
-            for (int i = 0; i < TMX_TRELLIS_TILE; i++)
-                again += ((double)target[i] - got[i]) * ((double)target[i] - got[i]);
-            assert_true(fabs(sse - again) <= 1e-12 * again);
-            assert_true(sse < 0.3 * ref); /* a real code, not noise */
+            tmx_trellis_viterbi_free(vit);
         }
-        tmx_trellis_viterbi_free(vit);
     }
     char *err = NULL;
+    assert_int_equal(tmx_trellis_law_init(&law, TMX_TRELLIS_LAW_E4M3, 1.0f, NULL), TMX_OK);
     assert_int_equal(tmx_trellis_viterbi_new(&law, 7, &vit, &err), TMX_ERR_INVALID);
     assert_non_null(strstr(err, "K = 7"));
     free(err);
+    /* e4m3-pair steps 2K bits: K = 5 would leave too few to carry over (and to tag). */
+    assert_int_equal(tmx_trellis_law_init(&law, TMX_TRELLIS_LAW_PAIR, 1.0f, NULL), TMX_OK);
+    assert_int_equal(tmx_trellis_viterbi_new(&law, 5, &vit, &err), TMX_ERR_INVALID);
+    assert_non_null(strstr(err, "K = 5 is not in 2..4 for law e4m3-pair"));
+    free(err);
+}
+
+/* Law e4m3-pair (§14) against pair.json (tools/trellis/make_vectors.py, in Python): chosen
+ * states' pairs, an FNV-1a hash of the whole table, and the codes and values of tiles. */
+static void test_pair_vectors(void **state) {
+    (void)state;
+    json_t *j = fixture(FIXTURES "pair.json");
+    struct tmx_trellis_law law;
+    assert_int_equal(tmx_trellis_law_init(&law, TMX_TRELLIS_LAW_PAIR, 1.0f, NULL), TMX_OK);
+    assert_string_equal(tmx_trellis_law_name(law.id), "e4m3-pair");
+    assert_int_equal(tmx_trellis_law_from_name("e4m3-pair"), TMX_TRELLIS_LAW_PAIR);
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(j, "pairs"), i, v) {
+        const json_int_t s = json_integer_value(json_array_get(v, 0));
+        assert_int_equal(law.pairs[s], json_integer_value(json_array_get(v, 1)));
+    }
+    uint64_t fnv = 0xcbf29ce484222325ull; /* over the table's bytes, little-endian pairs */
+    for (int s = 0; s < 65536; s++)
+        for (int b = 0; b < 2; b++)
+            fnv = (fnv ^ (uint8_t)(law.pairs[s] >> (8 * b))) * 0x100000001b3ull;
+    assert_int_equal(fnv, strtoull(json_string_value(json_object_get(j, "fnv1a64")), NULL, 16));
+    json_array_foreach(json_object_get(j, "tiles"), i, v) {
+        const int K = (int)json_integer_value(json_object_get(v, "K"));
+        uint32_t words[8 * TMX_TRELLIS_PAIR_K_MAX];
+        uint8_t codes[TMX_TRELLIS_TILE], want[TMX_TRELLIS_TILE];
+        float values[TMX_TRELLIS_TILE];
+        const json_t *w = json_object_get(v, "words");
+        for (int k = 0; k < tmx_trellis_words(K); k++)
+            words[k] = hex_u32(json_string_value(json_array_get(w, (size_t)k)));
+        tmx_trellis_decode_codes(&law, words, K, codes);
+        hex_bytes(json_string_value(json_object_get(v, "codes")), want);
+        assert_memory_equal(codes, want, TMX_TRELLIS_TILE);
+        tmx_trellis_decode_values(&law, words, K, values);
+        for (int k = 0; k < TMX_TRELLIS_TILE; k++)
+            assert_true(values[k] == (float)json_real_value(
+                                         json_array_get(json_object_get(v, "values"), (size_t)k)));
+    }
+    json_decref(j);
 }
 
 /* --- Hadamard ------------------------------------------------------------------------------ */
@@ -678,6 +727,7 @@ int main(void) {
         cmocka_unit_test(test_pack_round_trip),
         cmocka_unit_test(test_viterbi_exact),
         cmocka_unit_test(test_viterbi_closes_ring),
+        cmocka_unit_test(test_pair_vectors),
         cmocka_unit_test(test_hadamard_vectors),
         cmocka_unit_test(test_hadamard_orthonormal),
         cmocka_unit_test(test_activation_vectors),

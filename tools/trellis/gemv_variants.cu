@@ -3,7 +3,7 @@
  * plugins/trellis/cuda/mm.cu (one token per expert, whole chunks, no epilogue scales) with
  * compile-time switches for the state extraction, the law, the block scales, the chunk size,
  * the registers and the warps per CTA, and persistent kernels that read the codes from a
- * table in shared memory (v1's law, or the candidate pair law of pair_law.h); 8 experts x
+ * table in shared memory (v1's law e4m3, or the experimental law e4m3-pair); 8 experts x
  * [4096][4096] random words, one and two matrices a launch (two: the gate+up launch). Every
  * exact variant is checked against a host decode in double, the v1 ones also bit for bit
  * against the first; ablations (which compute wrong values on purpose, to price a step) are
@@ -11,7 +11,6 @@
  * a GPU machine, no arguments. */
 #include "decode.cuh"
 extern "C" {
-#include "pair_law.h"
 #include "tmx/tensor.h"
 #include "trellis.h"
 }
@@ -100,7 +99,8 @@ __device__ __forceinline__ void states_shf(const uint32_t *w, lane_window lw, ui
 }
 
 /* One warp's chunk of tile words into shared memory by cp.async, as one commit group. */
-template <int CHUNK> __device__ __forceinline__ void chunk_async(uint4 *dst, const uint4 *src, int lane) {
+template <int CHUNK>
+__device__ __forceinline__ void chunk_async(uint4 *dst, const uint4 *src, int lane) {
 #pragma unroll
     for (int i = 0; i < KK * CHUNK / 16; i++) {
         const int at = i * 32 + lane;
@@ -206,7 +206,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv(const P p) {
                 load_x(c + 2);
         }
         if (c + 1 < n_chunks)
-            chunk_async<CHUNK>(w_s[(c + 1) & 1][warp], wsrc + (size_t)(c + 1) * KK * 2 * CHUNK, lane);
+            chunk_async<CHUNK>(w_s[(c + 1) & 1][warp],
+                               wsrc + (size_t)(c + 1) * KK * 2 * CHUNK, lane);
         else
             asm volatile("cp.async.commit_group;" ::: "memory");
         asm volatile("cp.async.wait_group 1;" ::: "memory");
@@ -255,9 +256,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv(const P p) {
  *
  * TAB = 1: TrellisMX v1's law e4m3 as it stands, read from a 64 KB table of every state's code
  * (LUT_E4M3[sigma(s)]): no hash, no byte sums, no rounding; exact, the same format.
- * TAB = 2: a pair law, not TrellisMX v1: one 16-bit state per two weights (positions 2t, 2t+1,
- * one f16x2 register of the A fragment), the ring advancing 2K bits a state; its two E4M3 codes
- * read from a 128 KB table of 65536 pairs (tools/trellis/pair_law.c measures its quality).
+ * TAB = 2: law e4m3-pair (docs/trellismx.md §14, not TrellisMX v1): one 16-bit state per two
+ * weights (positions 2t, 2t+1, one f16x2 register of the A fragment; the state of 2t + 1), the
+ * ring advancing 2K bits a state; its two E4M3 codes read from the 128 KB table of 65536 pairs.
  * Either table fills most of an SM's shared memory, so these kernels are persistent: one CTA an
  * SM loads it once and loops over strip groups. Lanes keep the spec's natural order (no byte-sum
  * MMA moves states between them), so the activations are staged in natural order. */
@@ -286,14 +287,16 @@ template <int TAB, int WARPS> constexpr int table_smem() {
  * inputs instead of four HMUL2 a tile). */
 template <int TAB, int WARPS, int OFS = 0, int SCF = 0>
 __global__ void __launch_bounds__(WARPS * 32, 1) gemv_table(const P p) {
-    constexpr int NW = 8 * KK, CHUNK = 16, CHUNK_COLS = 16 * CHUNK, X16_STRIDE = CHUNK_COLS / 2 + 16,
+    constexpr int NW = 8 * KK, CHUNK = 16, CHUNK_COLS = 16 * CHUNK,
+                  X16_STRIDE = CHUNK_COLS / 2 + 16,
                   SW = CHUNK / 8, TB = TAB == 1 ? 65536 : 131072;
     extern __shared__ __align__(16) uint8_t smem[];
     const uint8_t *tab = smem;                        /* [65536] codes or [65536][2] pairs */
     uint4(*w_s)[WARPS][CHUNK * NW / 4] =              /* [2][WARPS] chunks of words */
         reinterpret_cast<uint4(*)[WARPS][CHUNK * NW / 4]>(smem + TB);
     uint32_t(*x_s)[8][X16_STRIDE] =                   /* [2][8 tokens] f16x2, natural order */
-        reinterpret_cast<uint32_t(*)[8][X16_STRIDE]>(smem + TB + sizeof(uint4) * 2 * WARPS * CHUNK * NW / 4);
+        reinterpret_cast<uint32_t(*)[8][X16_STRIDE]>(
+            smem + TB + sizeof(uint4) * 2 * WARPS * CHUNK * NW / 4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     for (int i = threadIdx.x; i < TB / 16; i += blockDim.x)
         reinterpret_cast<uint4 *>(smem)[i] = reinterpret_cast<const uint4 *>(p.table)[i];
@@ -325,7 +328,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_table(const P p) {
         uint4 xn = make_uint4(0, 0, 0, 0);
         auto load_x = [&](int c) {
             if (stager)
-                xn = reinterpret_cast<const uint4 *>(p.x + (size_t)e * p.cols + c * CHUNK_COLS)[threadIdx.x];
+                xn = reinterpret_cast<const uint4 *>(p.x + (size_t)e * p.cols +
+                                                     c * CHUNK_COLS)[threadIdx.x];
         };
         auto stage_x = [&](int buf) {
             if (!stager)
@@ -358,7 +362,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_table(const P p) {
                     load_x(c + 2);
             }
             if (c + 1 < n_chunks)
-                chunk_async<CHUNK>(w_s[(c + 1) & 1][warp], wsrc + (size_t)(c + 1) * KK * 2 * CHUNK, lane);
+                chunk_async<CHUNK>(w_s[(c + 1) & 1][warp],
+                                   wsrc + (size_t)(c + 1) * KK * 2 * CHUNK, lane);
             else
                 asm volatile("cp.async.commit_group;" ::: "memory");
             asm volatile("cp.async.wait_group 1;" ::: "memory");
@@ -379,7 +384,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_table(const P p) {
 #pragma unroll
                         for (int i = 0; i < 4; i++)
                             a[h][(i & 1) * 2 + (i >> 1)] =
-                                e4m3x2_to_f16x2(__byte_perm(tab[s[2 * i]], tab[s[2 * i + 1]], 0x0040));
+                                e4m3x2_to_f16x2(
+                                    __byte_perm(tab[s[2 * i]], tab[s[2 * i + 1]], 0x0040));
                     } else if (!OFS) {
                         uint32_t s[4];
                         lane_states<KK, 4, 2 * KK>(w, lw, s);
@@ -436,18 +442,15 @@ struct V {
     const char *name;
     kern k;
     int warps;
-    int exact; /* 0: ablation; 1: TrellisMX v1 law e4m3; 2: the pair law */
+    int exact; /* 0: ablation; 1: TrellisMX v1 law e4m3; 2: law e4m3-pair */
     int smem;  /* dynamic shared memory of a persistent kernel (table laws), else 0 */
 };
 
-/* y[e][r] = sum_k W[r][k] s[r][k / 32] x[k] in double, W decoded on the host by law 1 (the
- * tmx-trellis reference decoder) or 2 (pair_law.h), and sum |terms| for the tolerance. */
-static void host_gemv(int law, const uint16_t *pairs, const uint32_t *w, const uint8_t *sc,
+/* y[e][r] = sum_k W[r][k] s[r][k / 32] x[k] in double, W decoded on the host by tmx-trellis's
+ * decoder of `law`, and sum |terms| for the tolerance. */
+static void host_gemv(const struct tmx_trellis_law *law, const uint32_t *w, const uint8_t *sc,
                       const uint8_t *x, int E, int R, int C, std::vector<double> &y,
                       std::vector<double> &mag) {
-    struct tmx_trellis_law l;
-    char *err = NULL;
-    tmx_trellis_law_init(&l, TMX_TRELLIS_LAW_E4M3, 1.0f, &err);
     const int NW = 8 * KK, tc = C / 16;
     std::vector<float> tile(256);
     y.assign((size_t)E * R, 0.0);
@@ -456,14 +459,7 @@ static void host_gemv(int law, const uint16_t *pairs, const uint32_t *w, const u
         for (int ti = 0; ti < R / 16; ti++)
             for (int tj = 0; tj < tc; tj++) {
                 const uint32_t *tw = w + (((size_t)e * (R / 16) + ti) * tc + tj) * NW;
-                if (law == 1)
-                    tmx_trellis_decode_values(&l, tw, KK, tile.data());
-                else
-                    for (int t = 0; t < 128; t++) {
-                        const uint16_t pr = pairs[pair_law_state(tw, KK, t)];
-                        tile[tmx_trellis_pos(2 * t)] = tmx_e4m3_to_f32(pr & 0xff);
-                        tile[tmx_trellis_pos(2 * t + 1)] = tmx_e4m3_to_f32(pr >> 8);
-                    }
+                tmx_trellis_decode_values(law, tw, KK, tile.data());
                 for (int r = 0; r < 16; r++) {
                     const size_t row = (size_t)e * R + 16 * ti + r;
                     const double bs = tmx_e4m3_to_f32(sc[row * (C / 32) + tj / 2]);
@@ -495,20 +491,21 @@ int main() {
         v = 0x30 + rnd() % 16;
     for (auto &v : hx)
         v = (rnd() % 2 ? 0x80 : 0) | (0x30 + rnd() % 16);
-    /* The table laws' tables: v1's code of every state, and the pair law's pairs. */
-    std::vector<uint8_t> codes(65536);
-    {
-        struct tmx_trellis_law l;
-        char *err = NULL;
-        tmx_trellis_law_init(&l, TMX_TRELLIS_LAW_E4M3, 1.0f, &err);
-        for (int s = 0; s < 65536; s++)
-            codes[s] = l.code[tmx_trellis_sigma((uint16_t)s)];
+    /* The table laws' tables: v1's code of every state, and law e4m3-pair's pairs. */
+    struct tmx_trellis_law l1, l2;
+    char *err = NULL;
+    if (tmx_trellis_law_init(&l1, TMX_TRELLIS_LAW_E4M3, 1.0f, &err) != TMX_OK ||
+        tmx_trellis_law_init(&l2, TMX_TRELLIS_LAW_PAIR, 1.0f, &err) != TMX_OK) {
+        printf("gemv_variants: %s\n", err);
+        return 1;
     }
-    std::vector<uint16_t> pairs(65536);
-    pair_law_table(pairs.data(), tmx_trellis_e4m3_round);
+    std::vector<uint8_t> codes(65536);
+    for (int s = 0; s < 65536; s++)
+        codes[s] = l1.code[tmx_trellis_sigma((uint16_t)s)];
+    std::vector<uint16_t> pairs(l2.pairs, l2.pairs + 65536);
     std::vector<double> yref[3], mag[3];
-    host_gemv(1, NULL, hw.data(), hs.data(), hx.data(), E, R, C, yref[1], mag[1]);
-    host_gemv(2, pairs.data(), hw.data(), hs.data(), hx.data(), E, R, C, yref[2], mag[2]);
+    host_gemv(&l1, hw.data(), hs.data(), hx.data(), E, R, C, yref[1], mag[1]);
+    host_gemv(&l2, hw.data(), hs.data(), hx.data(), E, R, C, yref[2], mag[2]);
     uint32_t *dw;
     uint8_t *ds, *dx, *dcodes, *dpairs;
     float *dy;
@@ -554,9 +551,9 @@ int main() {
         {"law by Veltkamp split + fix, no cvt", gemv<2, 1, 0, 8, 4>, 4, 1, 0},
         {"v1 law by 64 KB state table, 16 warps", gemv_table<1, 16>, 16, 1, table_smem<1, 16>()},
         {"v1 law by 64 KB state table, 32 warps", gemv_table<1, 32>, 32, 1, table_smem<1, 32>()},
-        {"pair law, 128 KB table, 16 warps", gemv_table<2, 16>, 16, 2, table_smem<2, 16>()},
-        {"pair law, byte offsets", gemv_table<2, 16, 1>, 16, 2, table_smem<2, 16>()},
-        {"pair law, byte offsets, f32 block scales", gemv_table<2, 16, 1, 1>, 16, 2,
+        {"e4m3-pair, 128 KB table, 16 warps", gemv_table<2, 16>, 16, 2, table_smem<2, 16>()},
+        {"e4m3-pair, byte offsets", gemv_table<2, 16, 1>, 16, 2, table_smem<2, 16>()},
+        {"e4m3-pair, byte offsets, f32 block scales", gemv_table<2, 16, 1, 1>, 16, 2,
          table_smem<2, 16>()},
         {"v1 law by state table, f32 block scales", gemv_table<1, 16, 0, 1>, 16, 1,
          table_smem<1, 16>()},
@@ -613,7 +610,7 @@ int main() {
                2.0 * E * R * C / (ms[1] * 1e-3), worst,
                !host_ok              ? "DIFFERS FROM THE HOST (BUG)"
                : i == 0              ? "reference, matches the host"
-               : vs[i].exact == 2    ? "pair law, matches the host"
+               : vs[i].exact == 2    ? "e4m3-pair, matches the host"
                : !diff               ? "bitwise equal"
                : vs[i].exact         ? "matches the host, not bitwise"
                                      : "differs (ablation)");

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import random
+import statistics
 import sys
 from fractions import Fraction
 
@@ -379,6 +380,45 @@ def tiles(rng):
     return out
 
 
+def fmix32(x):
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def pair_table():
+    """Law e4m3-pair (§14): code i of state s is Q[fmix32(s | i << 16) >> 22]."""
+    nd = statistics.NormalDist()
+    q = [rne_e4m3(nd.inv_cdf((j + 0.5) / 1024)) for j in range(1024)]
+    return q, [q[fmix32(s) >> 22] | q[fmix32(s | 1 << 16) >> 22] << 8 for s in range(65536)]
+
+
+def pair(rng):
+    q, table = pair_table()
+    fnv = 0xCBF29CE484222325
+    for p in table:
+        for b in (p & 0xFF, p >> 8):
+            fnv = ((fnv ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    out = {"quantiles": bytes(q).hex(), "fnv1a64": "%016x" % fnv,
+           "pairs": [[s, table[s]] for s in (0, 1, 2, 0x8000, 0xFFFF, 0x1234, 0xBEEF, 0x7FFF)],
+           "tiles": []}
+    for K in range(2, 5):
+        words = [rng.getrandbits(32) for _ in range(8 * K)]
+        states = states_of(words, K)
+        codes = []
+        for t in range(0, 256, 2):  # positions 2t, 2t + 1 by the state of 2t + 1
+            p = table[states[t + 1]]
+            codes += [p & 0xFF, p >> 8]
+        values = [0.0] * 256
+        for t in range(256):
+            values[position(t)] = float(e4m3_value(codes[t]))
+        out["tiles"].append({"K": K, "words": ["%08x" % w for w in words],
+                             "codes": bytes(codes).hex(), "values": values})
+    return out
+
+
 def hadamard(rng):
     x = np.array([rng.gauss(0, 1) * 3 for _ in range(256)], dtype=np.float32)
     x[5], x[130] = np.float32(1e-30), np.float32(-65504.0)
@@ -473,7 +513,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     files = {"numbers.json": numbers(), "laws.json": laws(), "tiles.json": tiles(rng),
              "hadamard.json": hadamard(rng), "activations.json": activations(rng),
-             "csf.json": csf(rng), "matrices.json": matrices(rng)}
+             "csf.json": csf(rng), "matrices.json": matrices(rng),
+             "pair.json": pair(random.Random(20261205))}
     for name, data in files.items():
         with open(os.path.join(args.out, name), "w") as f:
             json.dump(data, f, separators=(",", ":"))
