@@ -4,8 +4,8 @@
  *     trellis-codec-bench [--threads N] [--side S]
  *
  * - Decode: every tile of an [S][S] matrix of random words (S = 4096 by default) decoded to
- *   its scaled operand values (trellis_tile_operands), both laws, K = 2..4, on one thread and
- *   on N (2 by default).
+ *   its scaled operand values (trellis_tile_operands), both laws and the experimental
+ *   e4m3-pair, K = 2..4, on one thread and on N (2 by default).
  * - Expert block: moe_experts of a layer with one expert, latent = inter = S, on N threads, at
  *   1, 8 and 32 tokens routed to it, serving and F32 activations; the layer is built in memory
  *   (the same structures layer_load fills), so no files are written.
@@ -159,9 +159,10 @@ int main(int argc, char **argv) {
     }
     struct tmx_pool *one, *many;
     if (tmx_pool_new(1, TMX_POOL_SPIN, &one) != TMX_OK || tmx_pool_new(threads, TMX_POOL_SPIN, &many) != TMX_OK) return 2;
-    struct tmx_trellis_law laws[2];
+    struct tmx_trellis_law laws[3]; /* indexed like the codecs */
     if (tmx_trellis_law_init(&laws[0], TMX_TRELLIS_LAW_E4M3, 1.0f, NULL) != TMX_OK ||
-        tmx_trellis_law_init(&laws[1], TMX_TRELLIS_LAW_E2M1, 0.5625f, NULL) != TMX_OK)
+        tmx_trellis_law_init(&laws[1], TMX_TRELLIS_LAW_E2M1, 0.5625f, NULL) != TMX_OK ||
+        tmx_trellis_law_init(&laws[2], TMX_TRELLIS_LAW_PAIR, 1.0f, NULL) != TMX_OK)
         return 2;
 
     printf("Decode of a [%lld][%lld] matrix to scaled operand values: weights per CPU second "
@@ -170,10 +171,10 @@ int main(int argc, char **argv) {
     printf("| law | K | 1 thread, weights/CPU-s | %d threads, weights/s |\n|---|---|---|---|\n",
            threads);
     float out[64][TMX_TRELLIS_TILE];
-    for (int l = 0; l < 2; l++)
+    for (int l = 0; l < 3; l++)
         for (int K = 2; K <= 4; K++) {
-            struct tmx_trellis_matrix m =
-                random_matrix(&laws[l], K, l == 0 ? 32 : 16, side, side, NULL, NULL);
+            const int block = tmx_trellis_codec_spec(l)->block;
+            struct tmx_trellis_matrix m = random_matrix(&laws[l], K, block, side, side, NULL, NULL);
             struct decode_job j1 = {one, &m, out}, jn = {many, &m, out};
             const struct timing t1 = best_of(decode_all, &j1), tn = best_of(decode_all, &jn);
             const double w = (double)(side * side);
@@ -187,7 +188,7 @@ int main(int argc, char **argv) {
            "threads: ms per call, CPU ms per call:\n\n", (long long)side, threads);
     printf("| codec | activations | 1 token | 8 tokens | 32 tokens |\n|---|---|---|---|---|\n");
     uint8_t *signs = calloc((size_t)side / 8, 1);
-    for (int id = 0; id < 2; id++) {
+    for (int id = 0; id < 3; id++) {
         const struct tmx_trellis_codec_spec *spec = tmx_trellis_codec_spec(id);
         struct trellis_layer l = {.n_experts = 1, .latent = (int)side, .inter = (int)side,
                                   .law = laws[id], .sign_in = signs, .sign_mid = signs,

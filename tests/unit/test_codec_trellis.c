@@ -1,10 +1,12 @@
-/* test_codec_trellis.c: the TrellisMX codec plugins, codec.trellis-e4m3 and codec.trellis-fp4,
- * loaded from the build's bin/ as the engine loads them.
+/* test_codec_trellis.c: the TrellisMX codec plugins, codec.trellis-e4m3 and codec.trellis-fp4
+ * (and the experimental codec.trellis-e4m3-pair), loaded from the build's bin/ as the engine
+ * loads them.
  *
  * Each test writes a random layer in a temporary folder, as docs/trellismx.md §10 lays it out:
  * random tile words (every stream is valid), random block scales through CSF with exceptions,
  * random matrix scales and sign vectors, 20 experts in three experts/ files. Then:
- * - tiles decode to the operand values of the reference decoder, bit for bit (K = 2..6);
+ * - tiles decode to the operand values of the reference decoder, bit for bit (K = 2..6;
+ *   e4m3-pair 2..4);
  * - expert_decode is tmx_trellis_matrix_dequant of the data written, bit for bit;
  * - moe_experts with F32 activations matches a float64 expert block on the decoded weights,
  *   within 1e-5 of the output's largest magnitude (F32 sums; measured about 5e-7);
@@ -297,7 +299,7 @@ static void matvec(const float *mat, int64_t rows, int64_t cols, const float *x,
 /* The values one activation vector takes in the serving format (§7), and their scale. */
 static double quantized(const struct build *b, const float *x, int64_t n, float *v) {
     uint8_t q[INTER], s[INTER / 16];
-    if (b->id == TMX_TRELLIS_CODEC_E4M3) {
+    if (b->id != TMX_TRELLIS_CODEC_FP4) {
         const float a = tmx_trellis_act_e4m3(x, n, q);
         for (int64_t i = 0; i < n; i++) v[i] = tmx_e4m3_to_f32(q[i]);
         return a;
@@ -417,11 +419,13 @@ static double rel_diff_slack(const float *a, const float *b, int n, const double
  * row's block scale, in trellis order. */
 static void test_tile_operands(void **state) {
     (void)state;
-    for (int id = 0; id < 2; id++) {
+    for (int id = 0; id < 3; id++) {
         struct build b = {.id = (enum tmx_trellis_codec_id)id};
         b.spec = tmx_trellis_codec_spec(b.id);
         assert_int_equal(tmx_trellis_law_init(&b.law, b.spec->law, 0.5625f, NULL), TMX_OK);
-        for (int K = TMX_TRELLIS_K_MIN; K <= TMX_TRELLIS_K_MAX; K++) {
+        const int fp4 = id == TMX_TRELLIS_CODEC_FP4;
+        const int k_max = id == TMX_TRELLIS_CODEC_PAIR ? TMX_TRELLIS_PAIR_K_MAX : TMX_TRELLIS_K_MAX;
+        for (int K = TMX_TRELLIS_K_MIN; K <= k_max; K++) {
             const int nw = tmx_trellis_words(K), per_row = 128 / b.spec->block;
             uint32_t words[64 * 8 * TMX_TRELLIS_K_MAX];
             uint8_t scales[128 * 8], codes[256];
@@ -437,10 +441,9 @@ static void test_tile_operands(void **state) {
                     for (int t = 0; t < 256; t++) {
                         const int r = 16 * tr + tmx_trellis_pos(t) / 16,
                                   c = 16 * tc + tmx_trellis_pos(t) % 16;
-                        const uint8_t code = id == 0 ? codes[t]
-                                                     : codes[t / 2] >> (4 * (t & 1)) & 15;
-                        const float v = id == 0 ? tmx_e4m3_to_f32(code)
-                                                : tmx_trellis_e2m1_to_f32(code);
+                        const uint8_t code = !fp4 ? codes[t] : codes[t / 2] >> (4 * (t & 1)) & 15;
+                        const float v =
+                            !fp4 ? tmx_e4m3_to_f32(code) : tmx_trellis_e2m1_to_f32(code);
                         const uint8_t s = scales[r * per_row + c / b.spec->block];
                         const float want = tmx_e4m3_to_f32(s) * v;
                         if (memcmp(&ops[t], &want, 4) != 0)
@@ -546,6 +549,11 @@ static void test_e4m3(void **state) {
 static void test_fp4(void **state) {
     (void)state;
     check_codec(TMX_TRELLIS_CODEC_FP4, 4);
+}
+
+static void test_pair(void **state) {
+    (void)state;
+    check_codec(TMX_TRELLIS_CODEC_PAIR, 3);
 }
 
 /* Threads lent to the codec (tmx_codec_i.use_threads), as a kernel set would lend them: three
@@ -814,6 +822,7 @@ int main(void) {
         cmocka_unit_test(test_tile_operands),
         cmocka_unit_test(test_e4m3),
         cmocka_unit_test(test_fp4),
+        cmocka_unit_test(test_pair),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_damaged),
         cmocka_unit_test(test_options),
