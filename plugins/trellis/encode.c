@@ -23,7 +23,7 @@
 static const double best_scale[3][5] = {
     {0.9799, 0.9320, 0.8641, 0.8249, 0.8080}, /* e4m3 */
     {1.7059, 1.7293, 1.9932, 2.0182, 2.0755}, /* e2m1, alpha = 0.5625 */
-    {0.9761, 0.9424, 0.8974, 0.0, 0.0},       /* e4m3-pair: K = 2..4 */
+    {1.0069, 0.9464, 0.9036, 0.0, 0.0},       /* e4m3-pair: K = 2..4 */
 };
 
 /* Beyond the law's values (|v| <= 6) a target only needs to stay finite for the search. */

@@ -85,6 +85,8 @@ enum tmx_trellis_law_id {
 };
 
 #define TMX_TRELLIS_PAIR_K_MAX 4 /* law e4m3-pair: 16 - 2K bits of a state carry over */
+#define TMX_TRELLIS_PAIR_M0 0x5D9DC9F9u /* law e4m3-pair: code i = Q[s * M_i >> 22] (§14) */
+#define TMX_TRELLIS_PAIR_M1 0x9531985Du
 
 /* A law's tables; caller-owned, filled by tmx_trellis_law_init, nothing to free. */
 struct tmx_trellis_law {
@@ -93,6 +95,7 @@ struct tmx_trellis_law {
     uint8_t code[TMX_TRELLIS_SIGMAS];      /* sigma -> E4M3 byte or E2M1 nibble (v1 laws) */
     float value[TMX_TRELLIS_SIGMAS];       /* sigma -> the value of that code (v1 laws) */
     const uint16_t *pairs; /* e4m3-pair: [65536] code 0 | code 1 << 8 by state (static) */
+    const uint8_t *quantiles; /* e4m3-pair: Q[1024], the codes the pairs draw from (static) */
 };
 
 /* Fills `law`. alpha is read for e2m1 only and must be positive and finite. */

@@ -259,9 +259,11 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv(const P p) {
  * TAB = 2: law e4m3-pair (docs/trellismx.md §14, not TrellisMX v1): one 16-bit state per two
  * weights (positions 2t, 2t+1, one f16x2 register of the A fragment; the state of 2t + 1), the
  * ring advancing 2K bits a state; its two E4M3 codes read from the 128 KB table of 65536 pairs.
- * Either table fills most of an SM's shared memory, so these kernels are persistent: one CTA an
- * SM loads it once and loops over strip groups. Lanes keep the spec's natural order (no byte-sum
- * MMA moves states between them), so the activations are staged in natural order. */
+ * TAB = 3: law e4m3-pair computed: code i = Q[s * M_i >> 22], a multiply, a shift and a read
+ * of the 1 KB Q per code, no big table.
+ * The big tables fill most of an SM's shared memory, so these kernels are persistent: a CTA
+ * loads its table once and loops over strip groups. Lanes keep the spec's natural order (no
+ * byte-sum MMA moves states between them), so the activations are staged in natural order. */
 
 /* Lane l's four pair states (TAB = 2) are steps 4l..4l+3, ending at ring bits 2K(4l + 1) ..
  * 2K(4l + 4): its window is lane_window_of<K, 2K>, its states lane_states<K, 4, 2K>. */
@@ -278,31 +280,39 @@ __device__ __forceinline__ void pair_offsets(const uint32_t *w, lane_window lw, 
     }
 }
 
+template <int TAB> constexpr int table_bytes() { /* in dynamic shared memory (TAB 3: none) */
+    return TAB == 1 ? 65536 : TAB == 2 ? 131072 : 0;
+}
+
 template <int TAB, int WARPS> constexpr int table_smem() {
-    return (TAB == 1 ? 65536 : 131072) + 2 * WARPS * 16 * 8 * KK * 4 + 2 * 8 * (128 + 16) * 4;
+    return table_bytes<TAB>() + 2 * WARPS * 16 * 8 * KK * 4 + 2 * 8 * (128 + 16) * 4;
 }
 
 /* OFS: the pair law's states as byte offsets (pair_offsets). SCF: the block scales multiply
  * each block's two MMA sums in f32 instead of the A fragments in f16 (one FFMA per row and 32
  * inputs instead of four HMUL2 a tile). */
-template <int TAB, int WARPS, int OFS = 0, int SCF = 0>
-__global__ void __launch_bounds__(WARPS * 32, 1) gemv_table(const P p) {
+template <int TAB, int WARPS, int OFS = 0, int SCF = 0, int MINB = 1>
+__global__ void __launch_bounds__(WARPS * 32, MINB) gemv_table(const P p) {
     constexpr int NW = 8 * KK, CHUNK = 16, CHUNK_COLS = 16 * CHUNK,
                   X16_STRIDE = CHUNK_COLS / 2 + 16,
-                  SW = CHUNK / 8, TB = TAB == 1 ? 65536 : 131072;
+                  SW = CHUNK / 8, TB = table_bytes<TAB>();
     extern __shared__ __align__(16) uint8_t smem[];
-    const uint8_t *tab = smem;                        /* [65536] codes or [65536][2] pairs */
+    /* [65536] codes or [65536][2] pairs; Q[1024] in static shared memory, so that its reads
+     * take their base as an immediate */
+    __shared__ __align__(16) uint8_t q_s[TAB == 3 ? 1024 : 16];
+    uint8_t *tab = TAB == 3 ? q_s : smem;
     uint4(*w_s)[WARPS][CHUNK * NW / 4] =              /* [2][WARPS] chunks of words */
         reinterpret_cast<uint4(*)[WARPS][CHUNK * NW / 4]>(smem + TB);
     uint32_t(*x_s)[8][X16_STRIDE] =                   /* [2][8 tokens] f16x2, natural order */
         reinterpret_cast<uint32_t(*)[8][X16_STRIDE]>(
             smem + TB + sizeof(uint4) * 2 * WARPS * CHUNK * NW / 4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    for (int i = threadIdx.x; i < TB / 16; i += blockDim.x)
-        reinterpret_cast<uint4 *>(smem)[i] = reinterpret_cast<const uint4 *>(p.table)[i];
+    for (int i = threadIdx.x; i < (TAB == 3 ? 1024 : TB) / 16; i += blockDim.x)
+        reinterpret_cast<uint4 *>(tab)[i] = reinterpret_cast<const uint4 *>(p.table)[i];
     for (int i = threadIdx.x; i < 2 * 8 * X16_STRIDE; i += blockDim.x)
         (&x_s[0][0][0])[i] = 0;
-    const lane_window lw = TAB == 1 ? lane_window_of<KK>(lane) : lane_window_of<KK, 2 * KK>(lane);
+    const lane_window lw =
+        TAB == 1 ? lane_window_of<KK>(lane) : lane_window_of<KK, 2 * KK>(lane);
     const int tiles_c = p.cols / 16, n_chunks = tiles_c / CHUNK, spr = p.cols / 32;
     const int groups = p.rows / (16 * WARPS), items = p.mats * p.experts * groups;
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
@@ -386,6 +396,14 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_table(const P p) {
                             a[h][(i & 1) * 2 + (i >> 1)] =
                                 e4m3x2_to_f16x2(
                                     __byte_perm(tab[s[2 * i]], tab[s[2 * i + 1]], 0x0040));
+                    } else if (TAB == 3) {
+                        uint32_t s[4];
+                        lane_states<KK, 4, 2 * KK>(w, lw, s);
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            a[h][(i & 1) * 2 + (i >> 1)] = e4m3x2_to_f16x2(
+                                __byte_perm(tab[s[i] * TMX_TRELLIS_PAIR_M0 >> 22],
+                                            tab[s[i] * TMX_TRELLIS_PAIR_M1 >> 22], 0x0040));
                     } else if (!OFS) {
                         uint32_t s[4];
                         lane_states<KK, 4, 2 * KK>(w, lw, s);
@@ -444,6 +462,7 @@ struct V {
     int warps;
     int exact; /* 0: ablation; 1: TrellisMX v1 law e4m3; 2: law e4m3-pair */
     int smem;  /* dynamic shared memory of a persistent kernel (table laws), else 0 */
+    const uint8_t *const *table; /* its table: codes, pairs or Q */
 };
 
 /* y[e][r] = sum_k W[r][k] s[r][k / 32] x[k] in double, W decoded on the host by tmx-trellis's
@@ -507,7 +526,7 @@ int main() {
     host_gemv(&l1, hw.data(), hs.data(), hx.data(), E, R, C, yref[1], mag[1]);
     host_gemv(&l2, hw.data(), hs.data(), hx.data(), E, R, C, yref[2], mag[2]);
     uint32_t *dw;
-    uint8_t *ds, *dx, *dcodes, *dpairs;
+    uint8_t *ds, *dx, *dcodes, *dpairs, *dq;
     float *dy;
     CK(cudaMalloc(&dw, hw.size() * 4));
     CK(cudaMalloc(&ds, hs.size()));
@@ -515,11 +534,13 @@ int main() {
     CK(cudaMalloc(&dy, (size_t)2 * E * R * 4));
     CK(cudaMalloc(&dcodes, codes.size()));
     CK(cudaMalloc(&dpairs, pairs.size() * 2));
+    CK(cudaMalloc(&dq, 1024));
     CK(cudaMemcpy(dw, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(ds, hs.data(), hs.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dx, hx.data(), hx.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dcodes, codes.data(), codes.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dpairs, pairs.data(), pairs.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dq, l2.quantiles, 1024, cudaMemcpyHostToDevice));
     // law check: every sigma, both halves
     {
         uint16_t *dt;
@@ -540,26 +561,33 @@ int main() {
         }
     }
     V vs[] = {
-        {"states as in decode.cuh (IMAD.SHL + shift)", gemv<0, 1, 0, 8, 4>, 4, 1, 0},
-        {"states by mul.hi + mask (ab44059)", gemv<0, 1, 1, 8, 4, 0x3f>, 4, 1, 0},
-        {"states by shift + mask", gemv<0, 1, 1, 8, 4>, 4, 1, 0},
-        {"shift + mask, 2 of 6 by mul.hi", gemv<0, 1, 1, 8, 4, 0x06>, 4, 1, 0},
-        {"decode.cuh, pack by PRMT", gemv<0, 1, 0, 8, 4, 0, 1>, 4, 1, 0},
-        {"decode.cuh, chunk 32, 5 CTA/SM", gemv<0, 1, 0, 5, 4, 0, 0, 32>, 4, 1, 0},
-        {"decode.cuh, 4 CTA/SM (128 regs)", gemv<0, 1, 0, 4, 4>, 4, 1, 0},
-        {"decode.cuh, 8 warps/CTA", gemv<0, 1, 0, 4, 8>, 8, 1, 0},
-        {"law by Veltkamp split + fix, no cvt", gemv<2, 1, 0, 8, 4>, 4, 1, 0},
-        {"v1 law by 64 KB state table, 16 warps", gemv_table<1, 16>, 16, 1, table_smem<1, 16>()},
-        {"v1 law by 64 KB state table, 32 warps", gemv_table<1, 32>, 32, 1, table_smem<1, 32>()},
-        {"e4m3-pair, 128 KB table, 16 warps", gemv_table<2, 16>, 16, 2, table_smem<2, 16>()},
-        {"e4m3-pair, byte offsets", gemv_table<2, 16, 1>, 16, 2, table_smem<2, 16>()},
-        {"e4m3-pair, byte offsets, f32 block scales", gemv_table<2, 16, 1, 1>, 16, 2,
-         table_smem<2, 16>()},
+        {"states as in decode.cuh (IMAD.SHL + shift)", gemv<0, 1, 0, 8, 4>, 4, 1, 0, NULL},
+        {"states by mul.hi + mask (ab44059)", gemv<0, 1, 1, 8, 4, 0x3f>, 4, 1, 0, NULL},
+        {"states by shift + mask", gemv<0, 1, 1, 8, 4>, 4, 1, 0, NULL},
+        {"shift + mask, 2 of 6 by mul.hi", gemv<0, 1, 1, 8, 4, 0x06>, 4, 1, 0, NULL},
+        {"decode.cuh, pack by PRMT", gemv<0, 1, 0, 8, 4, 0, 1>, 4, 1, 0, NULL},
+        {"decode.cuh, chunk 32, 5 CTA/SM", gemv<0, 1, 0, 5, 4, 0, 0, 32>, 4, 1, 0, NULL},
+        {"decode.cuh, 4 CTA/SM (128 regs)", gemv<0, 1, 0, 4, 4>, 4, 1, 0, NULL},
+        {"decode.cuh, 8 warps/CTA", gemv<0, 1, 0, 4, 8>, 8, 1, 0, NULL},
+        {"law by Veltkamp split + fix, no cvt", gemv<2, 1, 0, 8, 4>, 4, 1, 0, NULL},
+        {"v1 law by 64 KB state table, 16 warps", gemv_table<1, 16>, 16, 1, table_smem<1, 16>(),
+         &dcodes},
+        {"v1 law by 64 KB state table, 32 warps", gemv_table<1, 32>, 32, 1, table_smem<1, 32>(),
+         &dcodes},
         {"v1 law by state table, f32 block scales", gemv_table<1, 16, 0, 1>, 16, 1,
-         table_smem<1, 16>()},
-        {"ABL: law without its cvt pair", gemv<1, 1, 0, 8, 4>, 4, 0, 0},
-        {"ABL: no block scales", gemv<0, 0, 0, 8, 4>, 4, 0, 0},
-        {"ABL: neither", gemv<1, 0, 0, 8, 4>, 4, 0, 0},
+         table_smem<1, 16>(), &dcodes},
+        {"e4m3-pair, 128 KB table, 16 warps", gemv_table<2, 16>, 16, 2, table_smem<2, 16>(),
+         &dpairs},
+        {"e4m3-pair, byte offsets", gemv_table<2, 16, 1>, 16, 2, table_smem<2, 16>(), &dpairs},
+        {"e4m3-pair, byte offsets, f32 block scales", gemv_table<2, 16, 1, 1>, 16, 2,
+         table_smem<2, 16>(), &dpairs},
+        {"e4m3-pair computed, 8 warps x 4 CTAs", gemv_table<3, 8, 0, 0, 4>, 8, 2,
+         table_smem<3, 8>(), &dq},
+        {"e4m3-pair computed, f32 block scales", gemv_table<3, 8, 0, 1, 4>, 8, 2,
+         table_smem<3, 8>(), &dq},
+        {"ABL: law without its cvt pair", gemv<1, 1, 0, 8, 4>, 4, 0, 0, NULL},
+        {"ABL: no block scales", gemv<0, 0, 0, 8, 4>, 4, 0, 0, NULL},
+        {"ABL: neither", gemv<1, 0, 0, 8, 4>, 4, 0, 0, NULL},
     };
     const int NV = sizeof vs / sizeof vs[0];
     std::vector<float> ref((size_t)2 * E * R), out((size_t)2 * E * R);
@@ -571,14 +599,19 @@ int main() {
     printf("%-46s %9s %9s %12s %9s %s\n", "variant", "1 mat ms", "2 mats ms", "weights/s(2)",
            "max err", "check");
     for (int i = 0; i < NV; i++) {
-        P p = {dw, ds, dy, R, C, dx, vs[i].exact == 2 ? dpairs : dcodes, E, 1};
+        P p = {dw, ds, dy, R, C, dx, vs[i].table ? *vs[i].table : NULL, E, 1};
         if (vs[i].smem)
             CK(cudaFuncSetAttribute(vs[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     vs[i].smem));
         float ms[2];
         for (int nm = 1; nm <= 2; nm++) {
             p.mats = nm;
-            const dim3 grid = vs[i].smem ? dim3(sms) : dim3(R / (16 * vs[i].warps), E, nm);
+            int per_sm = 1; /* persistent kernels: as many CTAs as fit */
+            if (vs[i].smem)
+                CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, vs[i].k,
+                                                                 vs[i].warps * 32, vs[i].smem));
+            const dim3 grid =
+                vs[i].smem ? dim3(sms * per_sm) : dim3(R / (16 * vs[i].warps), E, nm);
             for (int r = 0; r < 3; r++)
                 vs[i].k<<<grid, vs[i].warps * 32, vs[i].smem>>>(p);
             CK(cudaGetLastError());

@@ -380,19 +380,15 @@ def tiles(rng):
     return out
 
 
-def fmix32(x):
-    x ^= x >> 16
-    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
-    x ^= x >> 13
-    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
-    return x ^ (x >> 16)
+PAIR_MUL = (0x5D9DC9F9, 0x9531985D)
 
 
 def pair_table():
-    """Law e4m3-pair (§14): code i of state s is Q[fmix32(s | i << 16) >> 22]."""
+    """Law e4m3-pair (§14): code i of state s is Q[(s * PAIR_MUL[i] mod 2^32) >> 22]."""
     nd = statistics.NormalDist()
     q = [rne_e4m3(nd.inv_cdf((j + 0.5) / 1024)) for j in range(1024)]
-    return q, [q[fmix32(s) >> 22] | q[fmix32(s | 1 << 16) >> 22] << 8 for s in range(65536)]
+    code = [[q[(s * m & 0xFFFFFFFF) >> 22] for s in range(65536)] for m in PAIR_MUL]
+    return q, [code[0][s] | code[1][s] << 8 for s in range(65536)]
 
 
 def pair(rng):
