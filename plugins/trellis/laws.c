@@ -175,6 +175,7 @@ enum tmx_status tmx_trellis_law_init(struct tmx_trellis_law *law, enum tmx_trell
         pthread_once(&pair_once, pair_table_fill);
         law->pairs = pair_table;
         law->quantiles = pair_quantiles;
+        for (int j = 0; j < 1024; j++) law->quantile_value[j] = tmx_e4m3_to_f32(pair_quantiles[j]);
         memset(law->code, 0, sizeof law->code);
         memset(law->value, 0, sizeof law->value);
         return TMX_OK;

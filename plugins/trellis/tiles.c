@@ -73,16 +73,6 @@ static const float scale_value[128] = {
     SCALES8(48), SCALES8(56), SCALES8(64), SCALES8(72), SCALES8(80),  SCALES8(88),
     SCALES8(96), SCALES8(104), SCALES8(112), SCALES8(120)};
 
-/* The value of every E4M3 code but the NaNs (0x7F, 0xFF), which no law's table holds: law
- * e4m3-pair's codes are read through it. */
-#define SVALUE(c) ((c) & 0x80 ? -SCALE((c) & 0x7f) : SCALE(c))
-#define SVALUES8(c) SVALUE(c), SVALUE(c + 1), SVALUE(c + 2), SVALUE(c + 3), SVALUE(c + 4), \
-                    SVALUE(c + 5), SVALUE(c + 6), SVALUE(c + 7)
-#define SVALUES64(c) SVALUES8(c), SVALUES8(c + 8), SVALUES8(c + 16), SVALUES8(c + 24), \
-                     SVALUES8(c + 32), SVALUES8(c + 40), SVALUES8(c + 48), SVALUES8(c + 56)
-static const float e4m3_value[256] = {SVALUES64(0), SVALUES64(64), SVALUES64(128),
-                                      SVALUES64(192)};
-
 /* Block scales of one tile: rows[8], lane quad n0 gets B of rows n0 (elements 0..3) and n0 + 8
  * (elements 4..7). A tile's 16 columns lie in one block (block >= 16). */
 static void tile_scales(const struct tmx_trellis_matrix *m, int64_t tr, int64_t tc,
@@ -126,9 +116,10 @@ static inline __attribute__((always_inline)) void decode_k(const float *value,
 }
 
 /* decode_k for law e4m3-pair (docs/trellismx.md §14): the states of a lane's odd positions
- * (the odd shifts above) give its four pairs of codes, the 8 bytes one gather turns into
- * values. */
-static inline __attribute__((always_inline)) void decode_pair_k(const uint16_t *pairs,
+ * (the odd shifts above) each give two codes, Q[s * M_i >> 22]: one multiply of the states,
+ * doubled, by (M_0, M_1, M_0, ...), a shift and a gather of the values of Q (4 KB) give the
+ * lane's eight values, without the 128 KB pair table. */
+static inline __attribute__((always_inline)) void decode_pair_k(const float *q_value,
                                                                 const uint32_t *w, const int K,
                                                                 const f32x8 scales[8],
                                                                 float *out) {
@@ -139,24 +130,18 @@ static inline __attribute__((always_inline)) void decode_pair_k(const uint16_t *
     ext[nw + 1] = w[0];
     ext[nw + 2] = w[1];
     const u64x4 odd = {48 - K, 48 - 3 * K, 48 - 5 * K, 48 - 7 * K};
+    const u32x8 mul = {TMX_TRELLIS_PAIR_M0, TMX_TRELLIS_PAIR_M1, TMX_TRELLIS_PAIR_M0,
+                       TMX_TRELLIS_PAIR_M1, TMX_TRELLIS_PAIR_M0, TMX_TRELLIS_PAIR_M1,
+                       TMX_TRELLIS_PAIR_M0, TMX_TRELLIS_PAIR_M1};
     for (int l = 0; l < 32; l++) {
         const int b = 8 * l * K + K - 16 + 32;
         const int i = b >> 5, off = b & 31;
         const uint64_t hi = (uint64_t)ext[i] << 32 | ext[i + 1];
         const uint64_t win = hi << off | ((uint64_t)ext[i + 2] << off) >> 32;
         const u64x4 wv = {win, win, win, win};
-        const u64x4 states = wv >> odd & 0xffff;
-        const uint64_t codes = (uint64_t)pairs[states[0]] | (uint64_t)pairs[states[1]] << 16 |
-                               (uint64_t)pairs[states[2]] << 32 | (uint64_t)pairs[states[3]] << 48;
-#ifdef __AVX2__
-        const __m256 r = _mm256_i32gather_ps(
-            e4m3_value, _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)codes)), 4);
-        f32x8 v;
-        memcpy(&v, &r, sizeof v);
-#else
-        f32x8 v;
-        for (int j = 0; j < 8; j++) v[j] = e4m3_value[codes >> (8 * j) & 0xff];
-#endif
+        const u32x8 states = (u32x8)(wv >> odd & 0xffff); /* in the even elements */
+        const u32x8 twice = __builtin_shufflevector(states, states, 0, 0, 2, 2, 4, 4, 6, 6);
+        const f32x8 v = lookup(q_value, twice * mul >> 22);
         v8_store(out + 8 * l, v * scales[l >> 2]);
     }
 }
@@ -165,9 +150,9 @@ static void decode(const struct tmx_trellis_law *law, const uint32_t *w, int K,
                    const f32x8 scales[8], float *out) {
     if (law->id == TMX_TRELLIS_LAW_PAIR) {
         switch (K) {
-        case 2: decode_pair_k(law->pairs, w, 2, scales, out); break;
-        case 3: decode_pair_k(law->pairs, w, 3, scales, out); break;
-        default: decode_pair_k(law->pairs, w, 4, scales, out); break;
+        case 2: decode_pair_k(law->quantile_value, w, 2, scales, out); break;
+        case 3: decode_pair_k(law->quantile_value, w, 3, scales, out); break;
+        default: decode_pair_k(law->quantile_value, w, 4, scales, out); break;
         }
         return;
     }

@@ -96,6 +96,7 @@ struct tmx_trellis_law {
     float value[TMX_TRELLIS_SIGMAS];       /* sigma -> the value of that code (v1 laws) */
     const uint16_t *pairs; /* e4m3-pair: [65536] code 0 | code 1 << 8 by state (static) */
     const uint8_t *quantiles; /* e4m3-pair: Q[1024], the codes the pairs draw from (static) */
+    float quantile_value[1024]; /* e4m3-pair: the value of each Q[j] */
 };
 
 /* Fills `law`. alpha is read for e2m1 only and must be positive and finite. */
