@@ -16,10 +16,9 @@
 #include "impl.h"
 #include "tmx/tensor.h"
 
-/* c, the scale that codes N(0,1) data best (target = c x), per law and K = 2..6: the
- * golden-section optimum of tmx_trellis_gauss_mse (trellis-bench; 64 tiles for K = 5, 6 and
- * for e4m3-pair, whose K is 2..4). A
- * block of RMS r is coded at the step r / c. */
+/* c, the scale that codes N(0,1) data best (target = c x), per law and K = 2..6 (e4m3-pair:
+ * 2..4): the golden-section optimum of tmx_trellis_gauss_mse (trellis-bench; 64 tiles for
+ * K = 5, 6). A block of RMS r is coded at the step r / c. */
 static const double best_scale[3][5] = {
     {0.9799, 0.9320, 0.8641, 0.8249, 0.8080}, /* e4m3 */
     {1.7059, 1.7293, 1.9932, 2.0182, 2.0755}, /* e2m1, alpha = 0.5625 */
@@ -389,7 +388,7 @@ enum tmx_status tmx_trellis_layer_encode(const struct tmx_host *host, enum tmx_t
                                          float alpha, const struct tmx_codec_encode_job *job,
                                          char **err) {
     const int K = job->bits, lat = job->latent, inter = job->inter;
-    const int k_max = law == TMX_TRELLIS_LAW_PAIR ? TMX_TRELLIS_PAIR_K_MAX : TMX_TRELLIS_K_MAX;
+    const int k_max = tmx_trellis_k_max(law);
     if (K < TMX_TRELLIS_K_MIN || K > k_max)
         return host->err(err, TMX_ERR_INVALID,
                          "trellis encode: bits = %d is not in %d..%d (law %s)", K,
@@ -452,9 +451,7 @@ enum tmx_status tmx_trellis_layer_encode(const struct tmx_host *host, enum tmx_t
 
 int tmx_trellis_quant_config(enum tmx_trellis_law_id law, float alpha, int bits, char *buf,
                              size_t size) {
-    if (bits < TMX_TRELLIS_K_MIN ||
-        bits > (law == TMX_TRELLIS_LAW_PAIR ? TMX_TRELLIS_PAIR_K_MAX : TMX_TRELLIS_K_MAX))
-        return -1;
+    if (bits < TMX_TRELLIS_K_MIN || bits > tmx_trellis_k_max(law)) return -1;
     char a[48] = "";
     if (law == TMX_TRELLIS_LAW_E2M1) /* 17 digits: parses to exactly the binary32 */
         snprintf(a, sizeof a, ", \"alpha\": %.17g", (double)alpha);

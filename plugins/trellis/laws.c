@@ -171,6 +171,7 @@ enum tmx_status tmx_trellis_law_init(struct tmx_trellis_law *law, enum tmx_trell
     law->alpha = id == TMX_TRELLIS_LAW_E2M1 ? alpha : 1.0f;
     law->pairs = NULL;
     law->quantiles = NULL;
+    memset(law->quantile_value, 0, sizeof law->quantile_value);
     if (id == TMX_TRELLIS_LAW_PAIR) {
         pthread_once(&pair_once, pair_table_fill);
         law->pairs = pair_table;

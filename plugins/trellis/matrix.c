@@ -14,8 +14,7 @@
 enum tmx_status tmx_trellis_matrix_check(const struct tmx_trellis_matrix *m, char **err) {
     if (!m->law)
         return trellis_err(err, TMX_ERR_INVALID, "trellis matrix: no decode law");
-    const int k_max =
-        m->law->id == TMX_TRELLIS_LAW_PAIR ? TMX_TRELLIS_PAIR_K_MAX : TMX_TRELLIS_K_MAX;
+    const int k_max = tmx_trellis_k_max(m->law->id);
     if (m->K < TMX_TRELLIS_K_MIN || m->K > k_max)
         return trellis_err(err, TMX_ERR_INVALID,
                            "trellis matrix: K = %d is not in %d..%d (law %s)", m->K,

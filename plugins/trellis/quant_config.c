@@ -73,8 +73,7 @@ static enum tmx_status check(const char *path, json_t *q, enum tmx_trellis_codec
                      &version, err)) ||
         (st = string_is(path, q, "codec", spec->name, err)) ||
         (st = string_is(path, q, "law", tmx_trellis_law_name(spec->law), err)) ||
-        (st = int_in(path, q, "bits", TMX_TRELLIS_K_MIN,
-                     spec->law == TMX_TRELLIS_LAW_PAIR ? TMX_TRELLIS_PAIR_K_MAX : TMX_TRELLIS_K_MAX,
+        (st = int_in(path, q, "bits", TMX_TRELLIS_K_MIN, tmx_trellis_k_max(spec->law),
                      &out->bits, err)) ||
         (st = int_in(path, q, "block_size", spec->block, spec->block, &block, err)) ||
         (st = string_is(path, q, "activation", spec->activation, err)) ||

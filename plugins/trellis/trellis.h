@@ -88,6 +88,11 @@ enum tmx_trellis_law_id {
 #define TMX_TRELLIS_PAIR_M0 0x5D9DC9F9u /* law e4m3-pair: code i = Q[s * M_i >> 22] (§14) */
 #define TMX_TRELLIS_PAIR_M1 0x9531985Du
 
+/* The largest K a law codes at (K_MIN is every law's least). */
+static inline int tmx_trellis_k_max(enum tmx_trellis_law_id law) {
+    return law == TMX_TRELLIS_LAW_PAIR ? TMX_TRELLIS_PAIR_K_MAX : TMX_TRELLIS_K_MAX;
+}
+
 /* A law's tables; caller-owned, filled by tmx_trellis_law_init, nothing to free. */
 struct tmx_trellis_law {
     enum tmx_trellis_law_id id;

@@ -57,8 +57,7 @@ void tmx_trellis_viterbi_free(struct tmx_trellis_viterbi *vit) {
 
 enum tmx_status tmx_trellis_viterbi_new(const struct tmx_trellis_law *law, int K,
                                         struct tmx_trellis_viterbi **out, char **err) {
-    const int pair = law->id == TMX_TRELLIS_LAW_PAIR;
-    const int k_max = pair ? TMX_TRELLIS_PAIR_K_MAX : TMX_TRELLIS_K_MAX;
+    const int pair = law->id == TMX_TRELLIS_LAW_PAIR, k_max = tmx_trellis_k_max(law->id);
     if (K < TMX_TRELLIS_K_MIN || K > k_max)
         return trellis_err(err, TMX_ERR_INVALID,
                            "trellis viterbi: K = %d is not in %d..%d for law %s", K,

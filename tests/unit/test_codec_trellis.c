@@ -424,8 +424,7 @@ static void test_tile_operands(void **state) {
         b.spec = tmx_trellis_codec_spec(b.id);
         assert_int_equal(tmx_trellis_law_init(&b.law, b.spec->law, 0.5625f, NULL), TMX_OK);
         const int fp4 = id == TMX_TRELLIS_CODEC_FP4;
-        const int k_max = id == TMX_TRELLIS_CODEC_PAIR ? TMX_TRELLIS_PAIR_K_MAX : TMX_TRELLIS_K_MAX;
-        for (int K = TMX_TRELLIS_K_MIN; K <= k_max; K++) {
+        for (int K = TMX_TRELLIS_K_MIN; K <= tmx_trellis_k_max(b.spec->law); K++) {
             const int nw = tmx_trellis_words(K), per_row = 128 / b.spec->block;
             uint32_t words[64 * 8 * TMX_TRELLIS_K_MAX];
             uint8_t scales[128 * 8], codes[256];

@@ -266,8 +266,7 @@ static void test_pack_round_trip(void **state) {
 static void test_viterbi_exact(void **state) {
     (void)state;
     for (int id = 0; id < 3; id++)
-        for (int K = TMX_TRELLIS_K_MIN;
-             K <= (id == TMX_TRELLIS_LAW_PAIR ? TMX_TRELLIS_PAIR_K_MAX : TMX_TRELLIS_K_MAX); K++) {
+        for (int K = TMX_TRELLIS_K_MIN; K <= tmx_trellis_k_max(id); K++) {
             struct tmx_trellis_law law;
             struct tmx_trellis_viterbi *vit;
             assert_int_equal(tmx_trellis_law_init(&law, id, 0.5625f, NULL), TMX_OK);
