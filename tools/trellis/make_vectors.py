@@ -10,7 +10,8 @@ library against these files.
 
     python3 tools/trellis/make_vectors.py [--out tests/fixtures/trellismx] [--markdown]
 
---markdown prints the decode-law tables in the form docs/trellismx.md quotes them.
+--markdown prints the decode-law tables (and law e4m3-pair's Q, §14) in the form
+docs/trellismx.md quotes them.
 """
 import argparse
 import hashlib
@@ -391,13 +392,18 @@ def pair_table():
     return q, [code[0][s] | code[1][s] << 8 for s in range(65536)]
 
 
-def pair(rng):
-    q, table = pair_table()
+def pair_fnv(table):
+    """FNV-1a 64 of the pair table's bytes, each pair low byte first."""
     fnv = 0xCBF29CE484222325
     for p in table:
         for b in (p & 0xFF, p >> 8):
             fnv = ((fnv ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    out = {"quantiles": bytes(q).hex(), "fnv1a64": "%016x" % fnv,
+    return "%016x" % fnv
+
+
+def pair(rng):
+    q, table = pair_table()
+    out = {"quantiles": bytes(q).hex(), "fnv1a64": pair_fnv(table),
            "pairs": [[s, table[s]] for s in (0, 1, 2, 0x8000, 0xFFFF, 0x1234, 0xBEEF, 0x7FFF)],
            "tiles": []}
     for K in range(2, 5):
@@ -493,7 +499,13 @@ def markdown():
     print("LUT_E2M1 (alpha = %s), 1021 nibbles, one hex digit each, 64 a line:\n\n```" % ALPHA)
     for i in range(0, len(h2), 64):
         print(h2[i:i + 64])
-    print("```\nSHA-256 (one nibble per byte): `%s`" % hashlib.sha256(bytes(l2)).hexdigest())
+    print("```\nSHA-256 (one nibble per byte): `%s`\n" % hashlib.sha256(bytes(l2)).hexdigest())
+    q, table = pair_table()
+    print("Q of law e4m3-pair, 1024 bytes, 32 a line:\n\n```")
+    hq = bytes(q).hex()
+    for i in range(0, len(hq), 64):
+        print(hq[i:i + 64])
+    print("```\nFNV-1a 64 of the pair table: `%s`" % pair_fnv(table))
 
 
 def main():
