@@ -8,7 +8,8 @@
  * exact variant is checked against a host decode in double, the v1 ones also bit for bit
  * against the first; ablations (which compute wrong values on purpose, to price a step) are
  * marked. Built as bin/trellis-gemv-variants (plugins/trellis/cuda/CMakeLists.txt); run it on
- * a GPU machine, no arguments. */
+ * a GPU machine: `trellis-gemv-variants [--json FILE]` (FILE: the rows and the GPU, for
+ * docs/perf). Exits 1 when a kernel differs from the host. */
 #include "decode.cuh"
 extern "C" {
 #include "tmx/tensor.h"
@@ -492,7 +493,17 @@ static void host_gemv(const struct tmx_trellis_law *law, const uint32_t *w, cons
             }
 }
 
-int main() {
+int main(int argc, char **argv) {
+    FILE *json = NULL;
+    if (argc == 3 && strcmp(argv[1], "--json") == 0) {
+        if (!(json = fopen(argv[2], "w"))) {
+            printf("gemv_variants: %s: cannot write\n", argv[2]);
+            return 2;
+        }
+    } else if (argc != 1) {
+        printf("usage: trellis-gemv-variants [--json FILE]\n");
+        return 2;
+    }
     const int E = 8, R = 4096, C = 4096;
     const size_t tiles = (size_t)R * C / 256, nw = tiles * 8 * KK;
     std::vector<uint32_t> hw(nw * E);
@@ -598,6 +609,13 @@ int main() {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     printf("%-46s %9s %9s %12s %9s %s\n", "variant", "1 mat ms", "2 mats ms", "weights/s(2)",
            "max err", "check");
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    if (json)
+        fprintf(json, "{\"gpu\": \"%s\", \"sms\": %d, \"experts\": %d, \"rows\": %d, "
+                      "\"cols\": %d, \"K\": %d, \"variants\": [",
+                prop.name, sms, E, R, C, KK);
+    int bugs = 0;
     for (int i = 0; i < NV; i++) {
         P p = {dw, ds, dy, R, C, dx, vs[i].table ? *vs[i].table : NULL, E, 1};
         if (vs[i].smem)
@@ -639,14 +657,25 @@ int main() {
         if (i)
             for (size_t j = 0; j < out.size(); j++)
                 diff += memcmp(&out[j], &ref[j], 4) != 0;
-        printf("%-46s %9.4f %9.4f %12.3g %9.2g %s\n", vs[i].name, ms[0], ms[1],
-               2.0 * E * R * C / (ms[1] * 1e-3), worst,
-               !host_ok              ? "DIFFERS FROM THE HOST (BUG)"
-               : i == 0              ? "reference, matches the host"
-               : vs[i].exact == 2    ? "e4m3-pair, matches the host"
-               : !diff               ? "bitwise equal"
-               : vs[i].exact         ? "matches the host, not bitwise"
-                                     : "differs (ablation)");
+        const char *check = !host_ok              ? "DIFFERS FROM THE HOST (BUG)"
+                            : i == 0              ? "reference, matches the host"
+                            : vs[i].exact == 2    ? "e4m3-pair, matches the host"
+                            : !diff               ? "bitwise equal"
+                            : vs[i].exact         ? "matches the host, not bitwise"
+                                                  : "differs (ablation)";
+        bugs += !host_ok;
+        const double wps = 2.0 * E * R * C / (ms[1] * 1e-3);
+        printf("%-46s %9.4f %9.4f %12.3g %9.2g %s\n", vs[i].name, ms[0], ms[1], wps, worst,
+               check);
+        if (json)
+            fprintf(json, "%s\n  {\"variant\": \"%s\", \"ms_one_matrix\": %.5f, "
+                          "\"ms_two_matrices\": %.5f, \"weights_per_s\": %.4g, "
+                          "\"max_rel_err\": %.3g, \"check\": \"%s\"}",
+                    i ? "," : "", vs[i].name, ms[0], ms[1], wps, worst, check);
     }
-    return 0;
+    if (json) {
+        fprintf(json, "\n]}\n");
+        fclose(json);
+    }
+    return bugs ? 1 : 0;
 }
