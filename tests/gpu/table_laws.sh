@@ -11,7 +11,7 @@
 set -u
 . "$(dirname "$0")/devpack.sh" || exit 1
 [ -x "$bin/trellis-gemv-variants" ] || {
-    echo "table_laws.sh: .devbin/trellis-gemv-variants missing: build with CUDA, then prepare.sh" >&2
+    echo "table_laws.sh: .devbin/trellis-gemv-variants missing: build with CUDA, prepare.sh" >&2
     exit 1
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv \
