@@ -1,12 +1,11 @@
 # tests/gpu/devpack.sh: sourced first by the GPU scripts (run.sh, muse_mini.sh, bench.sh,
 # serve_load.sh, table_laws.sh; bash) on the GPU machine. prepare.sh packs .devbin, .devlibs
 # and .devmodels into .devpack.tar.xz (as plain folders they pass the device tool's 64 MiB of
-# carried files;
-# xz takes them to about 15 MiB). This sets root (the repo root, made the current folder), OUT
-# (default /tmp/tmx-gpu, made), bin (.devbin) and lt (the machine's cuBLASLt folder: too large
-# to carry, tests/gpu/cublaslt.sh finds it), unpacks the pack where its folders are not there
-# already, and puts .devbin, .devlibs and lt on LD_LIBRARY_PATH. Returns 1 (with a message)
-# when the pack does not unpack or .devbin/tmx is missing.
+# carried files; xz takes them to about 15 MiB). This sets root (the repo root, made the
+# current folder), OUT (default /tmp/tmx-gpu, made), bin (.devbin) and lt (the machine's
+# cuBLASLt folder: too large to carry, tests/gpu/cublaslt.sh finds it), unpacks the pack where
+# its folders are not there already, and puts .devbin, .devlibs and lt on LD_LIBRARY_PATH.
+# Returns 1 (with a message) when the pack does not unpack or .devbin/tmx is missing.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || return 1
 OUT=${OUT:-/tmp/tmx-gpu}
