@@ -12,18 +12,9 @@ static enum tmx_status pair_init(const struct tmx_host *host, const struct tmx_o
 
 static const struct tmx_codec_i pair_ops = {
     .struct_size = sizeof(struct tmx_codec_i),
-    .quant_method = "trellismx",
     .init = pair_init,
     .fini = tmx_trellis_codec_fini,
-    .layer_load = tmx_trellis_codec_layer_load,
-    .layer_free = tmx_trellis_codec_layer_free,
-    .moe_experts = tmx_trellis_codec_moe_experts,
-    .expert_decode = tmx_trellis_codec_expert_decode,
-    .layer_encode = tmx_trellis_codec_layer_encode,
-    .quant_config = tmx_trellis_codec_quant_config,
-    .layer_load_slice = tmx_trellis_codec_layer_load_slice,
-    .moe_experts_partial = tmx_trellis_codec_moe_experts_partial,
-    .use_threads = tmx_trellis_codec_use_threads,
+    TMX_TRELLIS_CODEC_HOST_OPS,
 };
 
 static const struct tmx_option pair_options[] = {

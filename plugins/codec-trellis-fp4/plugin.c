@@ -11,27 +11,9 @@ static enum tmx_status fp4_init(const struct tmx_host *host, const struct tmx_op
 
 static const struct tmx_codec_i fp4_ops = {
     .struct_size = sizeof(struct tmx_codec_i),
-    .quant_method = "trellismx",
     .init = fp4_init,
-#ifdef TMX_TRELLIS_CUDA
-    .fini = tmx_trellis_codec_device_fini,
-#else
-    .fini = tmx_trellis_codec_fini,
-#endif
-    .layer_load = tmx_trellis_codec_layer_load,
-    .layer_free = tmx_trellis_codec_layer_free,
-    .moe_experts = tmx_trellis_codec_moe_experts,
-    .expert_decode = tmx_trellis_codec_expert_decode,
-    .layer_encode = tmx_trellis_codec_layer_encode,
-    .quant_config = tmx_trellis_codec_quant_config,
-#ifdef TMX_TRELLIS_CUDA
-    .device_load = tmx_trellis_codec_device_load,
-    .device_free = tmx_trellis_codec_device_free,
-    .device_moe_experts = tmx_trellis_codec_device_moe_experts,
-#endif
-    .layer_load_slice = tmx_trellis_codec_layer_load_slice,
-    .moe_experts_partial = tmx_trellis_codec_moe_experts_partial,
-    .use_threads = tmx_trellis_codec_use_threads,
+    TMX_TRELLIS_CODEC_HOST_OPS,
+    TMX_TRELLIS_CODEC_DEVICE_OPS,
 };
 
 static const struct tmx_option fp4_options[] = {

@@ -99,6 +99,18 @@ enum tmx_status tmx_trellis_codec_layer_encode(void *ctx, const struct tmx_codec
                                                char **err);
 int tmx_trellis_codec_quant_config(void *ctx, int bits, char *buf, size_t size);
 
+/* The members of a plugin's struct tmx_codec_i that every TrellisMX codec shares on the host:
+ * all but struct_size, init, fini and the device path. */
+#define TMX_TRELLIS_CODEC_HOST_OPS                                                             \
+    .quant_method = "trellismx", .layer_load = tmx_trellis_codec_layer_load,                   \
+    .layer_free = tmx_trellis_codec_layer_free, .moe_experts = tmx_trellis_codec_moe_experts,  \
+    .expert_decode = tmx_trellis_codec_expert_decode,                                          \
+    .layer_encode = tmx_trellis_codec_layer_encode,                                            \
+    .quant_config = tmx_trellis_codec_quant_config,                                            \
+    .layer_load_slice = tmx_trellis_codec_layer_load_slice,                                    \
+    .moe_experts_partial = tmx_trellis_codec_moe_experts_partial,                              \
+    .use_threads = tmx_trellis_codec_use_threads
+
 /* --- the device path (plugins/trellis/cuda, built when CUDA is: TMX_TRELLIS_CUDA) --------- */
 
 /* tmx_trellis_codec_fini that also frees the device buffers. */
@@ -115,5 +127,16 @@ enum tmx_status tmx_trellis_codec_device_moe_experts(void *ctx, void *dev, void 
                                                      int n, int k,
                                                      const struct tmx_tensor *post_norm,
                                                      float eps, char **err);
+
+/* fini and the device path of a codec that has device kernels: the device members in a build
+ * with CUDA, the host fini without. */
+#ifdef TMX_TRELLIS_CUDA
+#define TMX_TRELLIS_CODEC_DEVICE_OPS                                                           \
+    .fini = tmx_trellis_codec_device_fini, .device_load = tmx_trellis_codec_device_load,       \
+    .device_free = tmx_trellis_codec_device_free,                                              \
+    .device_moe_experts = tmx_trellis_codec_device_moe_experts
+#else
+#define TMX_TRELLIS_CODEC_DEVICE_OPS .fini = tmx_trellis_codec_fini
+#endif
 
 #endif
