@@ -4,6 +4,8 @@
 #
 #   models/muse-mini-k3       trellis-e4m3, 3 bits per weight (always)
 #   models/muse-mini-k3-fp4   trellis-fp4, 3 bits per weight (with --fp4)
+#   models/muse-mini-k3-pair  trellis-e4m3-pair, 3 bits per weight (with --pair; the
+#                             experimental law of docs/trellismx.md §14, CPU only)
 #
 # The builds are made here rather than committed (.gitignore lists them): 23 MB each, and every
 # call of the device tool carries the working tree, which may hold at most 64 MiB. A build that
@@ -18,18 +20,21 @@
 # 0.0353 nats (paired difference 0.0064 [0.0044, 0.0080], 16 windows of held-out books and
 # WikiText-2; models/muse-mini/README.md).
 #
-# usage: tools/make_default_models.sh [--fp4] [--force] [--tmx BIN] [--out DIR] [--threads N]
+# usage: tools/make_default_models.sh [--fp4] [--pair] [--force] [--tmx BIN] [--out DIR]
+#                                     [--threads N]
 #   --fp4        also make muse-mini-k3-fp4
+#   --pair       also make muse-mini-k3-pair
 #   --force      make the builds again even when they verify
 #   --tmx BIN    the tmx executable (default: build/bin/tmx)
 #   --out DIR    the folder the builds go in (default: models)
 #   --threads N  quantize threads (default: every core)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-tmx="$root/build/bin/tmx" out="$root/models" threads="$(nproc)" fp4=0 force=0
+tmx="$root/build/bin/tmx" out="$root/models" threads="$(nproc)" fp4=0 pair=0 force=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --fp4) fp4=1 ;;
+    --pair) pair=1 ;;
     --force) force=1 ;;
     --tmx) tmx="${2:?--tmx needs a path}"; shift ;;
     --out) out="${2:?--out needs a folder}"; shift ;;
@@ -66,3 +71,4 @@ build_one() {
 
 build_one muse-mini-k3 trellis-e4m3
 if [ "$fp4" = 1 ]; then build_one muse-mini-k3-fp4 trellis-fp4; fi
+if [ "$pair" = 1 ]; then build_one muse-mini-k3-pair trellis-e4m3-pair; fi
