@@ -5,18 +5,18 @@ WikiText-2 test.
 
     tools/fidelity_report.py [--tmx BIN] [--windows N] [--threads N] [--work DIR] [--out DIR]
 
-1. makes the builds if missing (tools/make_default_models.sh --fp4);
-2. four runs of 2 x N windows of 1,024 tokens (muse-mini's context), N spread evenly over each
-   source: K3 E4M3 and K3 FP4, each in its serving formats and weights only
-   (--model-set codec.trellis-*.activations=f32);
-3. `tmx eval-kld --paired` on the same rows: FP4 against E4M3 (serving, weights only), and
-   serving formats against weights only (each build);
+1. makes the builds if missing (tools/make_default_models.sh --fp4 --pair);
+2. six runs of 2 x N windows of 1,024 tokens (muse-mini's context), N spread evenly over each
+   source: K3 E4M3, K3 FP4 and K3 E4M3-pair (the experimental law of docs/trellismx.md §14),
+   each in its serving formats and weights only (--model-set codec.trellis-*.activations=f32);
+3. `tmx eval-kld --paired` on the same rows: FP4 and E4M3-pair against E4M3 (serving, weights
+   only), and serving formats against weights only (E4M3, FP4);
 4. the checks of ../shared/design/measuring.md: the teacher against itself is 0, the teacher's
-   log-probabilities are bit-identical in all four runs, a second run of one path gives the
+   log-probabilities are bit-identical in all six runs, a second run of one path gives the
    same records;
 5. writes the report, the JSON (every summary without its per-window list) and the plot.
 
-Takes about 8 minutes on 2 cores with the default 20 windows per source. Needs ../shared/data
+Takes about 12 minutes on 2 cores with the default 20 windows per source. Needs ../shared/data
 (heldout.txt.xz, wiki.test.raw) and a built tmx; matplotlib only for the plot.
 """
 import argparse
@@ -35,7 +35,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 TEACHER = os.path.join(ROOT, "models", "muse-mini")
 BUILDS = {"e4m3": ("muse-mini-k3", "trellis-e4m3", "E4M3"),
-          "fp4": ("muse-mini-k3-fp4", "trellis-fp4", "NVFP4")}
+          "fp4": ("muse-mini-k3-fp4", "trellis-fp4", "NVFP4"),
+          "pair": ("muse-mini-k3-pair", "trellis-e4m3-pair", "E4M3")}
+LABELS = {"e4m3": "K3 E4M3", "fp4": "K3 FP4", "pair": "K3 E4M3-pair"}
 WINDOW = 1024
 
 
@@ -158,12 +160,12 @@ def write_report(a, info, runs, pairs, checks, texts):
     L = []
     w = L.append
     w("# Fidelity of muse-mini's K3 builds\n")
-    w("KL(teacher ‖ build) of the two TrellisMX K3 builds of muse-mini "
+    w("KL(teacher ‖ build) of the TrellisMX K3 builds of muse-mini "
       "(models/muse-mini/README.md) against their BF16 teacher, measured by `tmx eval-kld` as "
       "../shared/design/measuring.md asks (method: [../fidelity.md](../fidelity.md)). "
       "Regenerated, with every number below, by one command:\n")
     w("```sh\ntools/fidelity_report.py" + (f" --windows {a.windows}" if a.windows != 20 else "")
-      + "      # about 8 minutes on 2 cores\n```\n")
+      + "      # about 12 minutes on 2 cores\n```\n")
     w(f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores), CPU kernel set, "
       f"`--threads {a.threads}`, gcc {info['gcc']} Release, at commit {info['commit']}. Every "
       f"figure is in [fidelity.json](fidelity.json) (the summaries without their per-window "
@@ -172,7 +174,8 @@ def write_report(a, info, runs, pairs, checks, texts):
     n_rows = s0["headline"]["rows"]
     w(f"- **Teacher**: models/muse-mini, BF16 weights, F32 math on the CPU kernel set.")
     sizes = {k: build_bytes(os.path.join(ROOT, "models", BUILDS[k][0])) / 1e6 for k in BUILDS}
-    w("- **Builds**: made by tools/make_default_models.sh --fp4 (`tmx quantize --bits 3 --calib "
+    w("- **Builds**: made by tools/make_default_models.sh --fp4 --pair (`tmx quantize --bits 3 "
+      "--calib "
       "tools/train/calib-books.txt --tokens 16384 --window 1024`): "
       + ", ".join(f"{BUILDS[k][0]} (`{BUILDS[k][1]}`, {sizes[k]:.1f} MB)" for k in BUILDS)
       + ". Routed experts at 3 bits; attention MXFP8; "
@@ -188,9 +191,9 @@ def write_report(a, info, runs, pairs, checks, texts):
       f"{s0['headline']['windows']} windows, {n_rows:,} next-token rows per run, each window a "
       f"fresh sequence. Intervals: window-block bootstrap BCa 95% (5,000 resamples, seed 0); "
       f"top-1 with Wilson 95%.")
-    w("- **Paths**: serving formats (the codec's activations: E4M3 per token for trellis-e4m3, "
-      "NVFP4 for trellis-fp4) and weights only (`--model-set codec.trellis-…activations=f32`: "
-      "the decoded weights against F32 activations).\n")
+    w("- **Paths**: serving formats (the codec's activations: E4M3 per token for trellis-e4m3 "
+      "and trellis-e4m3-pair, NVFP4 for trellis-fp4) and weights only (`--model-set "
+      "codec.trellis-…activations=f32`: the decoded weights against F32 activations).\n")
 
     w("## The teacher\n")
     w("Negative log-likelihood of the actual next token under the BF16 teacher (nats per token) "
@@ -213,12 +216,12 @@ def write_report(a, info, runs, pairs, checks, texts):
     w("| build | activations | KLD [95%] | top-1 [95%] | KLD 0-256 | KLD 256-1,023 | "
       f"books | WikiText | books NLL (teacher {teacher_books:.4f}) |")
     w("|---|---|---|---|---|---|---|---|---|")
-    for key in ("e4m3", "fp4"):
+    for key in BUILDS:
         for path in ("serving", "f32"):
             s = runs[f"{key}-{path}"]
             h, pos, src = s["headline"], s["by_position"], s["by_source"]
             act = f"serving ({BUILDS[key][2]})" if path == "serving" else "f32 (weights only)"
-            w(f"| K3 {'E4M3' if key == 'e4m3' else 'FP4'} | {act} | {ci(h['kld'])} | "
+            w(f"| {LABELS[key]} | {act} | {ci(h['kld'])} | "
               f"{top1(h['top1'])} | {pos[0]['kld']['mean']:.4f} | {pos[1]['kld']['mean']:.4f} | "
               f"{src[0]['kld']['mean']:.4f} | {src[1]['kld']['mean']:.4f} | "
               f"{src[0]['nll']['model']['mean']:.4f} |")
@@ -226,11 +229,11 @@ def write_report(a, info, runs, pairs, checks, texts):
     w("| build | activations | books KLD [95%] | books top-1 | WikiText KLD [95%] | "
       "WikiText top-1 |")
     w("|---|---|---|---|---|---|")
-    for key in ("e4m3", "fp4"):
+    for key in BUILDS:
         for path in ("serving", "f32"):
             src = runs[f"{key}-{path}"]["by_source"]
             paths = "serving" if path == "serving" else "weights only"
-            w(f"| K3 {'E4M3' if key == 'e4m3' else 'FP4'} | {paths} | "
+            w(f"| {LABELS[key]} | {paths} | "
               f"{ci(src[0]['kld'])} | {top1(src[0]['top1'])} | {ci(src[1]['kld'])} | "
               f"{top1(src[1]['top1'])} |")
 
@@ -257,6 +260,11 @@ def write_report(a, info, runs, pairs, checks, texts):
       f"{ci(fp4w['difference'])}). The serving formats add {ci(e4s['difference'])} over "
       f"weights only for E4M3 (ratio {ci(e4s['ratio'], 2)}) and {ci(fp4a['difference'])} for "
       f"FP4 (ratio {ci(fp4a['ratio'], 2)}).\n")
+    prs, prw = pairs["pair-e4m3-serving"]["headline"], pairs["pair-e4m3-f32"]["headline"]
+    w(f"The experimental E4M3-pair build (docs/trellismx.md §14: one trellis state for two "
+      f"weights) against E4M3: {ci(prs['difference'])} nats in serving formats (ratio "
+      f"{ci(prs['ratio'], 3)}), {ci(prw['difference'])} with its weights alone (ratio "
+      f"{ci(prw['ratio'], 3)}).\n")
 
     w("## Checks\n")
     c = checks
@@ -285,6 +293,8 @@ def write_report(a, info, runs, pairs, checks, texts):
 PAIRS = {  # key: (A run, B run)
     "fp4-e4m3-serving": ("fp4-serving", "e4m3-serving"),
     "fp4-e4m3-f32": ("fp4-f32", "e4m3-f32"),
+    "pair-e4m3-serving": ("pair-serving", "e4m3-serving"),
+    "pair-e4m3-f32": ("pair-f32", "e4m3-f32"),
     "e4m3-serving-f32": ("e4m3-serving", "e4m3-f32"),
     "fp4-serving-f32": ("fp4-serving", "fp4-f32"),
 }
@@ -293,6 +303,8 @@ PAIRS_TEXT = [
     ("K3 FP4, weights only", "K3 E4M3, weights only", "fp4-e4m3-f32"),
     ("K3 E4M3, serving", "K3 E4M3, weights only", "e4m3-serving-f32"),
     ("K3 FP4, serving", "K3 FP4, weights only", "fp4-serving-f32"),
+    ("K3 E4M3-pair, serving", "K3 E4M3, serving", "pair-e4m3-serving"),
+    ("K3 E4M3-pair, weights only", "K3 E4M3, weights only", "pair-e4m3-f32"),
 ]
 
 
@@ -312,7 +324,7 @@ def main():
     if not os.access(a.tmx, os.X_OK):
         sys.exit(f"fidelity_report.py: --tmx {a.tmx}: no such executable (build tmx first)")
     t0 = time.time()
-    sh(os.path.join(ROOT, "tools", "make_default_models.sh"), "--fp4", "--tmx", a.tmx,
+    sh(os.path.join(ROOT, "tools", "make_default_models.sh"), "--fp4", "--pair", "--tmx", a.tmx,
        "--threads", str(a.threads))
     os.makedirs(a.work, exist_ok=True)
     heldout = os.path.join(a.work, "heldout.txt")
