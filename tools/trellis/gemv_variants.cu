@@ -266,9 +266,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv(const P p) {
  * loads its table once and loops over strip groups. Lanes keep the spec's natural order (no
  * byte-sum MMA moves states between them), so the activations are staged in natural order. */
 
-/* Lane l's four pair states (TAB = 2) are steps 4l..4l+3, ending at ring bits 2K(4l + 1) ..
- * 2K(4l + 4): its window is lane_window_of<K, 2K>, its states lane_states<K, 4, 2K>. */
-/* The same four states as byte offsets into a table of u16 pairs (2s): a shift and a mask
+/* Lane l's four pair states (TAB = 2, 3) are steps 4l..4l+3, ending at ring bits 2K(4l + 1)
+ * .. 2K(4l + 4): its window is lane_window_of<K, 2K>, its states lane_states<K, 4, 2K>. Here
+ * the same four states as byte offsets into a table of u16 pairs (2s): a shift and a mask
  * each, where s * 2 after lane_states costs a third instruction. */
 template <int K>
 __device__ __forceinline__ void pair_offsets(const uint32_t *w, lane_window lw, uint32_t o[4]) {
