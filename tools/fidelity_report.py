@@ -16,8 +16,8 @@ WikiText-2 test.
    same records;
 5. writes the report, the JSON (every summary without its per-window list) and the plot.
 
-Takes about 12 minutes on 2 cores with the default 20 windows per source. Needs ../shared/data
-(heldout.txt.xz, wiki.test.raw) and a built tmx; matplotlib only for the plot.
+Takes about 5 minutes on 2 cores with the default 20 windows per source (40 s a run). Needs
+../shared/data (heldout.txt.xz, wiki.test.raw) and a built tmx; matplotlib only for the plot.
 """
 import argparse
 import datetime
@@ -165,7 +165,7 @@ def write_report(a, info, runs, pairs, checks, texts):
       "../shared/design/measuring.md asks (method: [../fidelity.md](../fidelity.md)). "
       "Regenerated, with every number below, by one command:\n")
     w("```sh\ntools/fidelity_report.py" + (f" --windows {a.windows}" if a.windows != 20 else "")
-      + "      # about 12 minutes on 2 cores\n```\n")
+      + "      # about 5 minutes on 2 cores\n```\n")
     w(f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores), CPU kernel set, "
       f"`--threads {a.threads}`, gcc {info['gcc']} Release, at commit {info['commit']}. Every "
       f"figure is in [fidelity.json](fidelity.json) (the summaries without their per-window "
