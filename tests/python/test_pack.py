@@ -1,7 +1,8 @@
 """`tmx pack` (docs/tp.md): a TrellisMX build laid out per tensor-parallel rank.
 
 The source is test_tp.py's k3src shape (2 layers, 4 experts, moe_intermediate_size 512, 4 KV
-heads), quantized at K = 3 with trellis-e4m3 and trellis-fp4, so that TP = 2 and TP = 4 cut
+heads), quantized at K = 3 with trellis-e4m3, trellis-fp4 and the experimental
+trellis-e4m3-pair, so that TP = 2 and TP = 4 cut
 every expert into whole 128-wide Hadamard blocks. For each build and tp: the pack passes
 --full-closure (every decoded slice equals the unsplit decode bit for bit), its index and rank
 manifests are consistent with the source, each rank folder verifies, and `tmx generate --model
@@ -21,7 +22,7 @@ import pytest
 
 from test_tp import PROMPT, TMX, generate, make_variant, mpi_build, run
 
-CODECS = ["trellis-e4m3", "trellis-fp4"]
+CODECS = ["trellis-e4m3", "trellis-fp4", "trellis-e4m3-pair"]
 
 
 @pytest.fixture(scope="module")
