@@ -113,6 +113,29 @@ __device__ __forceinline__ void chunk_async(uint4 *dst, const uint4 *src, int la
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
+/* Between chunk c's scales and its decode: the CTA's barrier, then the loads a chunk or two
+ * ahead (activations staged for c + 1 and read for c + 2, words and scales for c + 1), then
+ * the wait for chunk c's words. The same in both kernels. */
+template <int CHUNK, class StageX, class LoadX, class LoadScales>
+__device__ __forceinline__ void chunk_next(int c, int n_chunks, uint4 *next_words,
+                                           const uint4 *next_src, int lane, StageX stage_x,
+                                           LoadX load_x, LoadScales load_scales) {
+    __syncthreads();
+    if (c + 1 < n_chunks) {
+        stage_x((c + 1) & 1);
+        if (c + 2 < n_chunks)
+            load_x(c + 2);
+    }
+    if (c + 1 < n_chunks)
+        chunk_async<CHUNK>(next_words, next_src, lane);
+    else
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    __syncwarp();
+    if (c + 1 < n_chunks)
+        load_scales(c + 1);
+}
+
 /* A chunk's block scales of rows g (sn0) and g + 8 (sn1), four E4M3 bytes a word, as f16x2. */
 template <int SW>
 __device__ __forceinline__ void scales_f16(const uint32_t *sn0, const uint32_t *sn1, uint32_t *s0,
@@ -200,21 +223,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv(const P p) {
     for (int c = 0; c < n_chunks; c++) {
         uint32_t s0[2 * SW], s1[2 * SW];
         scales_f16<SW>(sn0, sn1, s0, s1);
-        __syncthreads();
-        if (c + 1 < n_chunks) {
-            stage_x((c + 1) & 1);
-            if (c + 2 < n_chunks)
-                load_x(c + 2);
-        }
-        if (c + 1 < n_chunks)
-            chunk_async<CHUNK>(w_s[(c + 1) & 1][warp],
-                               wsrc + (size_t)(c + 1) * KK * 2 * CHUNK, lane);
-        else
-            asm volatile("cp.async.commit_group;" ::: "memory");
-        asm volatile("cp.async.wait_group 1;" ::: "memory");
-        __syncwarp();
-        if (c + 1 < n_chunks)
-            load_scales(c + 1);
+        chunk_next<CHUNK>(c, n_chunks, w_s[(c + 1) & 1][warp],
+                          wsrc + (size_t)(c + 1) * KK * 2 * CHUNK, lane, stage_x, load_x,
+                          load_scales);
         const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[c & 1][warp]);
         const uint32_t *xq = &x_s[c & 1][g][q * 4];
 #pragma unroll
@@ -366,21 +377,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv_table(const P p) {
         for (int c = 0; c < n_chunks; c++) {
             uint32_t s0[2 * SW], s1[2 * SW];
             scales_f16<SW>(sn0, sn1, s0, s1);
-            __syncthreads();
-            if (c + 1 < n_chunks) {
-                stage_x((c + 1) & 1);
-                if (c + 2 < n_chunks)
-                    load_x(c + 2);
-            }
-            if (c + 1 < n_chunks)
-                chunk_async<CHUNK>(w_s[(c + 1) & 1][warp],
-                                   wsrc + (size_t)(c + 1) * KK * 2 * CHUNK, lane);
-            else
-                asm volatile("cp.async.commit_group;" ::: "memory");
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
-            __syncwarp();
-            if (c + 1 < n_chunks)
-                load_scales(c + 1);
+            chunk_next<CHUNK>(c, n_chunks, w_s[(c + 1) & 1][warp],
+                              wsrc + (size_t)(c + 1) * KK * 2 * CHUNK, lane, stage_x, load_x,
+                              load_scales);
             const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[c & 1][warp]);
             const uint32_t *xq = &x_s[c & 1][g][q * 4];
 #pragma unroll
