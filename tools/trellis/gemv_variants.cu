@@ -8,8 +8,9 @@
  * exact variant is checked against a host decode in double, the v1 ones also bit for bit
  * against the first; ablations (which compute wrong values on purpose, to price a step) are
  * marked. Built as bin/trellis-gemv-variants (plugins/trellis/cuda/CMakeLists.txt); run it on
- * a GPU machine: `trellis-gemv-variants [--json FILE]` (FILE: the rows and the GPU, for
- * docs/perf). Exits 1 when a kernel differs from the host. */
+ * a GPU machine: `trellis-gemv-variants [--json FILE | --profile]` (FILE: the rows and the
+ * GPU, for docs/perf; --profile: each kernel once, for Nsight Compute's counters, as
+ * tests/gpu/table_laws.sh runs it). Exits 1 when a kernel differs from the host. */
 #include "decode.cuh"
 extern "C" {
 #include "tmx/tensor.h"
@@ -494,13 +495,17 @@ static void host_gemv(const struct tmx_trellis_law *law, const uint32_t *w, cons
 
 int main(int argc, char **argv) {
     FILE *json = NULL;
+    int warm = 3, reps = 20; /* --profile: one of each, for a profiler's counters */
     if (argc == 3 && strcmp(argv[1], "--json") == 0) {
         if (!(json = fopen(argv[2], "w"))) {
             printf("gemv_variants: %s: cannot write\n", argv[2]);
             return 2;
         }
+    } else if (argc == 2 && strcmp(argv[1], "--profile") == 0) {
+        warm = 0;
+        reps = 1;
     } else if (argc != 1) {
-        printf("usage: trellis-gemv-variants [--json FILE]\n");
+        printf("usage: trellis-gemv-variants [--json FILE | --profile]\n");
         return 2;
     }
     const int E = 8, R = 4096, C = 4096;
@@ -633,16 +638,16 @@ int main(int argc, char **argv) {
                                                                  vs[i].warps * 32, vs[i].smem));
             const dim3 grid =
                 vs[i].smem ? dim3(sms * per_sm) : dim3(R / (16 * vs[i].warps), E, nm);
-            for (int r = 0; r < 3; r++)
+            for (int r = 0; r < warm; r++)
                 vs[i].k<<<grid, vs[i].warps * 32, vs[i].smem>>>(p);
             CK(cudaGetLastError());
             CK(cudaEventRecord(a));
-            for (int r = 0; r < 20; r++)
+            for (int r = 0; r < reps; r++)
                 vs[i].k<<<grid, vs[i].warps * 32, vs[i].smem>>>(p);
             CK(cudaEventRecord(b));
             CK(cudaEventSynchronize(b));
             CK(cudaEventElapsedTime(&ms[nm - 1], a, b));
-            ms[nm - 1] /= 20;
+            ms[nm - 1] /= reps;
         }
         CK(cudaMemcpy(i == 0 ? ref.data() : out.data(), dy, out.size() * 4,
                       cudaMemcpyDeviceToHost));
