@@ -4,7 +4,8 @@
  * rows' sums in registers and read F32/BF16/F16 weights directly, one warp a weight row for one
  * token over many rows, else two rows a block whose warps split k.
  *
- * Prefill (n > 8) goes to cuBLASLt. F32 weights: an F32 GEMM (CUBLAS_COMPUTE_32F, no TF32).
+ * Prefill (n > 8; option gemv_max lowers that for BF16 and F32) goes to cuBLASLt. F32 weights:
+ * an F32 GEMM (CUBLAS_COMPUTE_32F, no TF32).
  * BF16 weights: the activations cannot simply be rounded to BF16, which costs ~2^-9 relative
  * error per element and fails the conformance tolerance (1e-5 normalized). Each activation is
  * split instead into x = hi + lo, both BF16 (lo the BF16 rounding of x - hi), and two BF16
@@ -707,14 +708,15 @@ extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_
         cu_check_launch(c, "matmul");
         return;
     }
-    if (n > 8 && w->dtype == TMX_DTYPE_F32 && lt_matmul(c, CUDA_R_32F, wd, x, y, n, m, k, 0))
+    const int lt = n > c->gemv_max; /* BF16 and F32: cuBLASLt past the GEMV's tokens */
+    if (lt && w->dtype == TMX_DTYPE_F32 && lt_matmul(c, CUDA_R_32F, wd, x, y, n, m, k, 0))
         return;
     if (w->dtype == TMX_DTYPE_BF16 && bf16_mma_fits(c, x, wd, n, k)) {
         bf16_mma(c, y, x, wd, n, m, k);
         cu_check_launch(c, "matmul");
         return;
     }
-    if (n > 8 && w->dtype == TMX_DTYPE_BF16) {
+    if (lt && w->dtype == TMX_DTYPE_BF16) {
         char *s = (char *)cu_scratch(c, split, "matmul");
         if (!s || lt_matmul_bf16(c, s, y, x, wd, n, m, k)) return;
     }
@@ -734,6 +736,7 @@ extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
         return;
     }
     int m[GEMV_MAX], one = n <= 8;
+    const int lt = n > c->gemv_max; /* cu_matmul takes BF16 and F32 weights to cuBLASLt */
     const void *w[GEMV_MAX];
     for (int i = 0; i < count; i++) {
         if (!check_matmul(c, "matmul_multi", ws[i], n)) return;
@@ -744,7 +747,8 @@ extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
         }
         m[i] = (int)ws[i]->shape[0];
         w[i] = ws[i]->data;
-        one &= ws[i]->dtype == ws[0]->dtype;
+        one &= ws[i]->dtype == ws[0]->dtype &&
+               !(lt && (ws[i]->dtype == TMX_DTYPE_BF16 || ws[i]->dtype == TMX_DTYPE_F32));
     }
     if (!one || n == 0) {
         for (int i = 0; i < count; i++) cu_matmul(ctx, ys[i], x, ws[i], n);

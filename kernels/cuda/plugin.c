@@ -120,6 +120,10 @@ static enum tmx_status cu_init(const struct tmx_host *host, const struct tmx_opt
                                void **ctx, char **err) {
     *ctx = NULL;
     int64_t device = host->opt_int ? host->opt_int(opts, "device") : 0;
+    const int64_t gemv_max = host->opt_int ? host->opt_int(opts, "gemv_max") : 8;
+    if (gemv_max < 1 || gemv_max > 8)
+        return host->err(err, TMX_ERR_INVALID, "kernels.cuda.gemv_max = %lld: want 1 to 8",
+                         (long long)gemv_max);
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess)
@@ -157,6 +161,7 @@ static enum tmx_status cu_init(const struct tmx_host *host, const struct tmx_opt
     if (cudaGetDeviceProperties(&prop, c->device) != cudaSuccess) prop.major = 0;
     c->pdl = prop.major >= 9 && (!host->opt_bool || host->opt_bool(opts, "pdl"));
     c->bf16_mma = host->opt_bool && host->opt_bool(opts, "bf16_mma");
+    c->gemv_max = (int)gemv_max;
     if (host->log && prop.major)
         host->log(TMX_LOG_INFO, "kernels.cuda: device %d: %s (sm_%d%d, %d SMs)%s", c->device,
                   prop.name, prop.major, prop.minor, prop.multiProcessorCount,
@@ -388,6 +393,9 @@ static const struct tmx_option cu_options[] = {
      "step), a kernel may start while the one before it finishes (sm_90 and later)"},
     {"bf16_mma", TMX_OPT_BOOL, "false", "BF16 matmuls of 9 to 64 tokens in one tensor-core kernel "
      "of the set's own instead of cuBLASLt's two split GEMMs (not yet run on a GPU: off)"},
+    {"gemv_max", TMX_OPT_INT, "8", "BF16 and F32 matmuls of up to this many tokens (1 to 8) "
+     "take the set's GEMV kernels, more go to cuBLASLt (F16 and MXFP8 weights: the GEMV up to "
+     "8 whatever this says)"},
     {0},
 };
 
