@@ -74,8 +74,8 @@ struct cu_ctx {
     int pdl;                   /* kernels of a graph may start while the one before runs
                                   (option pdl) */
     int bf16_mma;              /* 9-64 token BF16 matmuls in bf16_mma_kernel (option bf16_mma) */
-    int gemv_max;              /* BF16/F32 matmuls of more tokens go to cuBLASLt (1-8; option
-                                  gemv_max) */
+    int gemv_max;              /* large BF16 weights past this many tokens go to cuBLASLt (1-8;
+                                  option gemv_max) */
 };
 
 /* Records a failure (the first one since the last sync wins) and logs its message. */

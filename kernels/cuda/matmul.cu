@@ -4,15 +4,16 @@
  * rows' sums in registers and read F32/BF16/F16 weights directly, one warp a weight row for one
  * token over many rows, else two rows a block whose warps split k.
  *
- * Prefill (n > 8; option gemv_max lowers that for BF16 and F32) goes to cuBLASLt. F32 weights:
- * an F32 GEMM (CUBLAS_COMPUTE_32F, no TF32).
+ * Prefill (n > 8) goes to cuBLASLt, and so do BF16 weights of 4,096 rows by 2,048 columns
+ * and more past option gemv_max (3) tokens. F32 weights: an F32 GEMM (CUBLAS_COMPUTE_32F, no
+ * TF32).
  * BF16 weights: the activations cannot simply be rounded to BF16, which costs ~2^-9 relative
  * error per element and fails the conformance tolerance (1e-5 normalized). Each activation is
  * split instead into x = hi + lo, both BF16 (lo the BF16 rounding of x - hi), and two BF16
  * GEMMs with F32 accumulation add W.hi and W.lo: what is left is ~2^-17 relative per element,
  * at twice the tensor-core work of a plain BF16 GEMM. From 9 to 64 tokens (a decode step of
- * that many sequences) one kernel of our own can do the same arithmetic reading the weight once
- * (bf16_mma_kernel, option bf16_mma: off until measured on a GPU). F16 weights would need the
+ * that many sequences) one kernel of our own does the same arithmetic for weights of at most
+ * 1,024 columns (bf16_mma_kernel, option bf16_mma). F16 weights would need the
  * same split in F16, whose range (65504) and subnormals break it for real activations, so they
  * take the GEMV kernel over groups of 8 tokens (correct, not fast: F16 checkpoints are rare).
  *
@@ -557,6 +558,12 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 #define MMA_TOKENS 16 /* tokens of a block */
 #define MMA_KW 4      /* warps along k: a block step takes 32 MMA_KW weights of a row */
 #define MMA_MAX_N 64  /* most tokens this path takes */
+/* Most columns it takes: on the H200 it made decode steps of 9 to 64 sequences of muse-mini
+ * (k <= 1,024) 15-29% faster, and was 2.6-3.5x slower than the split GEMMs at 64 tokens for
+ * every weight of 2,048 columns and more (one pass over k per block, no pipelining; the grid's
+ * token tiles read the weight again). docs/perf/h200.md, "bf16_mma_kernel and the GEMV's
+ * tokens". */
+#define MMA_MAX_K 1024
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
@@ -641,10 +648,18 @@ bf16_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
     }
 }
 
-/* Whether bf16_mma_kernel takes this BF16 matmul: with option bf16_mma on (off until it has
- * run on a GPU against the CPU reference and been timed against the split GEMMs). */
+/* Whether bf16_mma_kernel takes this BF16 matmul (option bf16_mma, on). */
 static bool bf16_mma_fits(const struct cu_ctx *c, const float *x, const void *w, int n, int k) {
-    return c->bf16_mma && n > 8 && n <= MMA_MAX_N && k % 8 == 0 && aligned16(x, &w, 1);
+    return c->bf16_mma && n > 8 && n <= MMA_MAX_N && k <= MMA_MAX_K && k % 8 == 0 &&
+           aligned16(x, &w, 1);
+}
+
+/* Whether a BF16 matmul of n <= 8 tokens leaves the GEMV for the split GEMMs: a weight of at
+ * least 4,096 rows and 2,048 columns past option gemv_max tokens (H200, n = 4 and 8: 1.2-1.9x
+ * faster for q_proj, o_proj, lm_head and TP-4's o_proj and lm_head; at 2 tokens no faster, for
+ * fewer rows slower: docs/perf/h200.md). */
+static bool bf16_gemv_leaves(const struct cu_ctx *c, int n, int m, int k) {
+    return n > c->gemv_max && m >= 4096 && k >= 2048;
 }
 
 static void bf16_mma(struct cu_ctx *c, float *y, const float *x, const void *w, int n, int m,
@@ -708,15 +723,14 @@ extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_
         cu_check_launch(c, "matmul");
         return;
     }
-    const int lt = n > c->gemv_max; /* BF16 and F32: cuBLASLt past the GEMV's tokens */
-    if (lt && w->dtype == TMX_DTYPE_F32 && lt_matmul(c, CUDA_R_32F, wd, x, y, n, m, k, 0))
+    if (n > 8 && w->dtype == TMX_DTYPE_F32 && lt_matmul(c, CUDA_R_32F, wd, x, y, n, m, k, 0))
         return;
     if (w->dtype == TMX_DTYPE_BF16 && bf16_mma_fits(c, x, wd, n, k)) {
         bf16_mma(c, y, x, wd, n, m, k);
         cu_check_launch(c, "matmul");
         return;
     }
-    if (lt && w->dtype == TMX_DTYPE_BF16) {
+    if ((n > 8 || bf16_gemv_leaves(c, n, m, k)) && w->dtype == TMX_DTYPE_BF16) {
         char *s = (char *)cu_scratch(c, split, "matmul");
         if (!s || lt_matmul_bf16(c, s, y, x, wd, n, m, k)) return;
     }
@@ -736,7 +750,6 @@ extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
         return;
     }
     int m[GEMV_MAX], one = n <= 8;
-    const int lt = n > c->gemv_max; /* cu_matmul takes BF16 and F32 weights to cuBLASLt */
     const void *w[GEMV_MAX];
     for (int i = 0; i < count; i++) {
         if (!check_matmul(c, "matmul_multi", ws[i], n)) return;
@@ -748,7 +761,8 @@ extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
         m[i] = (int)ws[i]->shape[0];
         w[i] = ws[i]->data;
         one &= ws[i]->dtype == ws[0]->dtype &&
-               !(lt && (ws[i]->dtype == TMX_DTYPE_BF16 || ws[i]->dtype == TMX_DTYPE_F32));
+               !(ws[i]->dtype == TMX_DTYPE_BF16 &&
+                 bf16_gemv_leaves(c, n, m[i], (int)ws[i]->shape[1]));
     }
     if (!one || n == 0) {
         for (int i = 0; i < count; i++) cu_matmul(ctx, ys[i], x, ws[i], n);

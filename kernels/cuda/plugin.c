@@ -120,7 +120,7 @@ static enum tmx_status cu_init(const struct tmx_host *host, const struct tmx_opt
                                void **ctx, char **err) {
     *ctx = NULL;
     int64_t device = host->opt_int ? host->opt_int(opts, "device") : 0;
-    const int64_t gemv_max = host->opt_int ? host->opt_int(opts, "gemv_max") : 8;
+    const int64_t gemv_max = host->opt_int ? host->opt_int(opts, "gemv_max") : 3;
     if (gemv_max < 1 || gemv_max > 8)
         return host->err(err, TMX_ERR_INVALID, "kernels.cuda.gemv_max = %lld: want 1 to 8",
                          (long long)gemv_max);
@@ -160,7 +160,7 @@ static enum tmx_status cu_init(const struct tmx_host *host, const struct tmx_opt
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, c->device) != cudaSuccess) prop.major = 0;
     c->pdl = prop.major >= 9 && (!host->opt_bool || host->opt_bool(opts, "pdl"));
-    c->bf16_mma = host->opt_bool && host->opt_bool(opts, "bf16_mma");
+    c->bf16_mma = !host->opt_bool || host->opt_bool(opts, "bf16_mma");
     c->gemv_max = (int)gemv_max;
     if (host->log && prop.major)
         host->log(TMX_LOG_INFO, "kernels.cuda: device %d: %s (sm_%d%d, %d SMs)%s", c->device,
@@ -391,11 +391,12 @@ static const struct tmx_option cu_options[] = {
     {"device", TMX_OPT_INT, "0", "CUDA device ordinal the set runs on"},
     {"pdl", TMX_OPT_BOOL, "true", "programmatic dependent launch: in a recorded graph (a decode "
      "step), a kernel may start while the one before it finishes (sm_90 and later)"},
-    {"bf16_mma", TMX_OPT_BOOL, "false", "BF16 matmuls of 9 to 64 tokens in one tensor-core kernel "
-     "of the set's own instead of cuBLASLt's two split GEMMs (not yet run on a GPU: off)"},
-    {"gemv_max", TMX_OPT_INT, "8", "BF16 and F32 matmuls of up to this many tokens (1 to 8) "
-     "take the set's GEMV kernels, more go to cuBLASLt (F16 and MXFP8 weights: the GEMV up to "
-     "8 whatever this says)"},
+    {"bf16_mma", TMX_OPT_BOOL, "true", "BF16 matmuls of 9 to 64 tokens with weights of at most "
+     "1,024 columns in one tensor-core kernel of the set's own instead of cuBLASLt's two split "
+     "GEMMs"},
+    {"gemv_max", TMX_OPT_INT, "3", "BF16 matmuls of weights of at least 4,096 rows and 2,048 "
+     "columns take the GEMV kernels up to this many tokens (1 to 8) and cuBLASLt's split GEMMs "
+     "beyond; other weights take the GEMV up to 8 tokens"},
     {0},
 };
 

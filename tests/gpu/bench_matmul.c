@@ -10,8 +10,9 @@
  * as it is and once as its BF16 values, which are the same numbers; x is random in [-1, 1].
  * For n = 1, 2, 4, 8 and 64 token rows, each form runs REPEAT times queued with one sync: the
  * table gives microseconds a call, the weight bytes over that time, and the largest difference
- * between the two forms' outputs over the largest output (summation order only). Exits 1 if a
- * difference passes 1e-5 or an op fails. */
+ * between the two forms' outputs over the largest output (summation order, and where the BF16
+ * form takes cuBLASLt's split GEMMs and the MXFP8 form its GEMV, the split's 2^-17 relative a
+ * product). Exits 1 if a difference passes 3e-5 or an op fails. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -216,7 +217,7 @@ int main(int argc, char **argv) {
                 }
                 diff = mag > 0 ? diff / mag : diff;
             }
-            const int ok = diff <= 1e-5;
+            const int ok = diff <= 3e-5;
             failed |= !ok;
             const double gb = (double)count * 2 / tb * 1e-9;
             const double gm = (double)count * 33 / 32 / tm * 1e-9;
