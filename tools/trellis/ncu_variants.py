@@ -39,7 +39,7 @@ def launches(path):
     start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
     out = {}
     for row in csv.DictReader(lines[start:]):
-        name, vals = out.setdefault(int(row["ID"]), (row["Kernel Name"], {}))
+        _, vals = out.setdefault(int(row["ID"]), (row["Kernel Name"], {}))
         vals[row["Metric Name"]] = number(row["Metric Value"])
     return out
 
