@@ -17,20 +17,19 @@ for b in ${sizes//,/ }; do
         --set graphs=false > "$OUT/bench-b$b.txt" 2>&1 || echo "B = $b: ncu or tmx bench failed ($OUT/bench-b$b.txt)"
 done
 python3 - "$OUT" "$sizes" <<'PY'
-import csv, json, sys, collections
+import collections, json, sys
+sys.path.insert(0, "tools/trellis")
+from ncu_variants import launches  # ncu's CSV: {launch: (kernel, {metric: value})}
 out, sizes = sys.argv[1], [int(b) for b in sys.argv[2].split(",")]
 # Steps a run of tmx bench -p 1 -n 2 makes: untimed (prompt + 2 decode) and timed (prompt + 2)
 # rounds, each prompt one step of B one-token sequences.
 STEPS = 6
 per = {}
 for b in sizes:
-    lines = open(f"{out}/ncu-b{b}.csv", errors="replace").read().splitlines()
-    start = next(i for i, l in enumerate(lines) if l.startswith('"ID"'))
     t = collections.Counter()
-    for row in csv.DictReader(lines[start:]):
-        if row["Metric Name"] == "gpu__time_duration.sum":
-            name = row["Kernel Name"].split("(")[0].replace("void ", "")
-            t[name] += float(row["Metric Value"].replace(",", "")) / 1e3 / STEPS
+    for kernel, m in launches(f"{out}/ncu-b{b}.csv").values():
+        name = kernel.split("(")[0].replace("void ", "")
+        t[name] += m["gpu__time_duration.sum"] / 1e3 / STEPS
     per[b] = t
 names = sorted({n for t in per.values() for n in t}, key=lambda n: -per[sizes[-1]].get(n, 0))
 print(f"{'kernel (us a step)':<60}" + "".join(f"{'B=' + str(b):>10}" for b in sizes))
