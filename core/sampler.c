@@ -2,18 +2,15 @@
  *
  * The filters and the draw read the candidates in order of probability, but rarely more than
  * the first few hundred of them: instead of sorting the vocabulary, the sampler selects the
- * first ones (quickselect) and sorts only those (a radix sort), and more when a walk goes past
- * them. */
+ * first ones and sorts only those (radix select and sort on one 64-bit number a candidate), and
+ * more when a walk goes past them; an exp is taken for the softmax's sum and again for each
+ * candidate a walk reaches. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tmx/sampler.h"
-
-struct cand {
-    float logit;
-    int32_t id;
-};
 
 struct tmx_sampler {
     struct tmx_sampler_params p;
@@ -21,9 +18,10 @@ struct tmx_sampler {
     uint64_t rng[4];   /* xoshiro256** state */
     double u;          /* a draw's number that tmx_sampler_sample_top took and left to
                           tmx_sampler_sample; < 0: none */
-    struct cand *cand; /* [n_vocab] scratch */
-    struct cand *tmp;  /* [n_vocab] scratch: the radix sort's other buffer */
-    double *e;         /* [n_vocab] scratch: exp(logit - max) of the survivors, by token id */
+    uint64_t *cand;    /* [n_vocab] scratch: candidates (cand_make) */
+    uint64_t *tmp;     /* [n_vocab] scratch: the radix sort's other buffer */
+    float *prob;       /* [n_vocab] scratch: the probabilities of the first candidates */
+    double *e;         /* [n_vocab] scratch: exp(logit - max) of a row's candidates, by id */
 };
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -63,9 +61,10 @@ enum tmx_status tmx_sampler_new(const struct tmx_sampler_params *p, int n_vocab,
     if (s) {
         s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
         s->tmp = malloc((size_t)n_vocab * sizeof *s->tmp);
+        s->prob = malloc((size_t)n_vocab * sizeof *s->prob);
         s->e = malloc((size_t)n_vocab * sizeof *s->e);
     }
-    if (!s || !s->cand || !s->tmp || !s->e) {
+    if (!s || !s->cand || !s->tmp || !s->prob || !s->e) {
         tmx_sampler_free(s);
         return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
@@ -82,6 +81,7 @@ void tmx_sampler_free(struct tmx_sampler *s) {
     if (!s) return;
     free(s->cand);
     free(s->tmp);
+    free(s->prob);
     free(s->e);
     free(s);
 }
@@ -95,99 +95,95 @@ static int32_t argmax(const float *logits, int n) {
     return best < 0 ? 0 : best;
 }
 
-/* Candidate order: descending by logit, ascending id on ties. The order is total, so every
+/* Candidate order: descending by logit, ascending id on ties. A candidate is one number whose
+ * ascending order is that order: the logit's bits mapped so that larger floats give smaller
+ * numbers (-0 as +0, equal as the order has them), then the id. The order is total, so every
  * way of sorting gives the same list and results are reproducible. */
-static int before(const struct cand *x, const struct cand *y) {
-    return x->logit > y->logit || (x->logit == y->logit && x->id < y->id);
+static uint32_t flip(uint32_t u) { /* ascending floats -> descending keys, and back */
+    return u ^ ~(uint32_t)((int32_t)u >> 31) >> 1; /* positive: all bits but the sign */
 }
 
-/* The same order as one unsigned key, ascending: the logit's bits mapped so that larger
- * floats give smaller numbers (-0 as +0, equal as `before` has them), then the id. */
-static uint64_t cand_key(struct cand c) {
+static uint64_t cand_make(float logit, int32_t id) {
+    const float x = logit + 0.0f; /* -0 -> +0 */
     uint32_t u;
-    memcpy(&u, &c.logit, sizeof u);
-    if (u == 0x80000000u) u = 0;
-    u = u & 0x80000000u ? u : ~u & 0x7fffffffu; /* ascending floats -> descending keys */
-    return (uint64_t)u << 32 | (uint32_t)c.id;
+    memcpy(&u, &x, sizeof u);
+    return (uint64_t)flip(u) << 32 | (uint32_t)id;
 }
 
-/* Sorts c[0..n) in candidate order: a least-significant-digit radix sort on cand_key, a byte
- * a pass, skipping the bytes every key shares (an id's high bytes), through tmp[n]. */
-static void sort_cands(struct cand *c, int n, struct cand *tmp) {
+static float cand_logit(uint64_t c) {
+    const uint32_t u = flip((uint32_t)(c >> 32));
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static int32_t cand_id(uint64_t c) { return (int32_t)(uint32_t)c; }
+
+/* Sorts c[0..n) in candidate order: a least-significant-digit radix sort, a byte a pass,
+ * skipping the bytes every candidate shares (an id's high bytes), through tmp[n]. */
+static void sort_cands(uint64_t *c, int n, uint64_t *tmp) {
     uint32_t count[8][256] = {{0}};
-    for (int i = 0; i < n; i++) {
-        const uint64_t key = cand_key(c[i]);
-        for (int d = 0; d < 8; d++) count[d][key >> 8 * d & 0xff]++;
-    }
-    struct cand *from = c, *to = tmp;
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < 8; d++) count[d][c[i] >> 8 * d & 0xff]++;
+    uint64_t *from = c, *to = tmp;
     for (int d = 0; d < 8; d++) {
         uint32_t *at = count[d], sum = 0;
-        if (n == 0 || at[cand_key(c[0]) >> 8 * d & 0xff] == (uint32_t)n) continue;
+        if (n == 0 || at[c[0] >> 8 * d & 0xff] == (uint32_t)n) continue;
         for (int b = 0; b < 256; b++) {
             const uint32_t m = at[b];
             at[b] = sum;
             sum += m;
         }
-        for (int i = 0; i < n; i++) to[at[cand_key(from[i]) >> 8 * d & 0xff]++] = from[i];
-        struct cand *t = from;
+        for (int i = 0; i < n; i++) to[at[from[i] >> 8 * d & 0xff]++] = from[i];
+        uint64_t *t = from;
         from = to;
         to = t;
     }
     if (from != c) memcpy(c, from, (size_t)n * sizeof *c);
 }
 
-static void swap(struct cand *x, struct cand *y) {
-    const struct cand t = *x;
-    *x = *y;
-    *y = t;
-}
-
-/* A pivot for selecting the first candidates of c[lo..hi) up to position k, moved to
- * c[hi - 1]. In a large range, SAMPLE candidates spread over it are moved to its front and
- * sorted, and the pivot is the sample's candidate at k's share of it plus two standard
- * deviations of that estimate, so that it most often falls a little after position k: one
- * partition then leaves little more than the k first. Otherwise the median of the first,
- * middle and last. */
-enum { SAMPLE = 256 };
-
-static void pivot_to_end(struct cand *c, int lo, int hi, int k, struct cand *tmp) {
-    const int n = hi - lo;
-    int at;
-    if (n >= 16 * SAMPLE) {
-        for (int j = 0; j < SAMPLE; j++) /* from c[lo + SAMPLE..hi), so none is moved twice */
-            swap(&c[lo + j], &c[lo + SAMPLE + (int)((int64_t)j * (n - SAMPLE) / SAMPLE)]);
-        sort_cands(c + lo, SAMPLE, tmp);
-        const double f = (double)(k - lo) / n;
-        const int want = (int)(f * SAMPLE + 2.0 * sqrt(SAMPLE * f * (1.0 - f)) + 1.0);
-        at = lo + (want < SAMPLE - 1 ? want : SAMPLE - 1);
-    } else {
-        const int mid = lo + n / 2;
-        if (before(&c[mid], &c[lo])) swap(&c[mid], &c[lo]);
-        if (before(&c[hi - 1], &c[lo])) swap(&c[hi - 1], &c[lo]);
-        if (before(&c[hi - 1], &c[mid])) swap(&c[hi - 1], &c[mid]);
-        at = mid;
+/* Moves the candidates of c[lo..hi) whose byte at `shift` is below `below` to its front and
+ * returns where they end. Without a branch on the byte (a Lomuto partition that always swaps):
+ * which way a candidate goes is as good as random. */
+static int partition(uint64_t *c, int lo, int hi, int shift, uint64_t below) {
+    int front = lo; /* c[lo..front) are below, c[front..i) are not */
+    for (int i = lo; i < hi; i++) {
+        const uint64_t x = c[i];
+        c[i] = c[front];
+        c[front] = x;
+        front += (x >> shift & 0xff) < below;
     }
-    swap(&c[at], &c[hi - 1]);
+    return front;
 }
 
 /* Moves the k first candidates of c[0..n) (in candidate order) to c[0..k), unordered, for
- * 0 < k < n: quickselect. Partitions that keep coming out lopsided (an adversarial order) end
- * in a sort of what is left, so the worst case is O(n). */
-static void select_first(struct cand *c, int n, int k, struct cand *tmp) {
-    int lo = 0, hi = n, rounds = 64;
-    while (lo < k && k < hi) { /* c[0..lo) are among the first k, c[hi..n) are not */
-        if (rounds-- == 0) {
-            sort_cands(c + lo, hi - lo, tmp);
-            return;
+ * 0 < k < n: a radix select from the most significant byte. Each round counts one byte over
+ * the candidates not yet placed (in four tables: most share their first bytes, and one
+ * table's increments would wait on each other) and finds the byte value that holds the k-th.
+ * Those with a smaller byte are among the first k, those with a larger one are not: the ones
+ * with a byte at most that value go to the front, and the smaller ones to the front of those.
+ * Candidates are distinct (they hold their id), so at most 8 rounds, each O(n). */
+static void select_first(uint64_t *c, int n, int k) {
+    int lo = 0, hi = n; /* c[0..lo) are among the first k, c[hi..n) are not */
+    for (int shift = 56; shift >= 0 && lo < k && k < hi; shift -= 8) {
+        uint32_t count[256] = {0}, part[3][256] = {{0}}; /* four counts: runs of one byte */
+        int i = lo;
+        for (; i + 4 <= hi; i += 4) {
+            count[c[i] >> shift & 0xff]++;
+            part[0][c[i + 1] >> shift & 0xff]++;
+            part[1][c[i + 2] >> shift & 0xff]++;
+            part[2][c[i + 3] >> shift & 0xff]++;
         }
-        pivot_to_end(c, lo, hi, k, tmp);
-        const struct cand pivot = c[hi - 1];
-        int store = lo;
-        for (int i = lo; i < hi - 1; i++)
-            if (before(&c[i], &pivot)) swap(&c[i], &c[store++]);
-        swap(&c[store], &c[hi - 1]);
-        if (store < k) lo = store + 1;
-        else hi = store;
+        for (; i < hi; i++) count[c[i] >> shift & 0xff]++;
+        for (int d = 0; d < 256; d++) count[d] += part[0][d] + part[1][d] + part[2][d];
+        uint64_t b = 0;
+        int below = lo;
+        while (below + (int)count[b] < k) below += (int)count[b++];
+        if ((int)count[b] == hi - lo) continue;
+        const int front = partition(c, lo, hi, shift, b + 1);
+        partition(c, lo, front, shift, b);
+        lo = below;
+        hi = front;
     }
 }
 
@@ -197,16 +193,17 @@ static void select_first(struct cand *c, int n, int k, struct cand *tmp) {
 enum { FIRST_CHUNK = 256, GROWTH = 8 };
 
 struct order {
-    struct cand *cand;
-    struct cand *tmp; /* scratch for sort_cands */
-    const double *e; /* exp(logit - max) by token id */
+    uint64_t *cand;
+    uint64_t *tmp; /* scratch for sort_cands */
+    float *prob;   /* prob[i]: the probability of cand[i], for i < n_prob */
+    const double *e; /* exp(logit - max) by id, computed for the sum (NULL: not kept) */
     int n;        /* candidates */
     int n_known;  /* cand[0..n_known) are at hand: n, or the first ones of a kernel set's topk */
     int past;     /* a walk needed a candidate past them */
     int n_sorted; /* cand[0..n_sorted) are the first n_sorted, in order */
-    int n_prob;   /* cand[0..n_prob) (sorted) hold probabilities instead of logits */
+    int n_prob;   /* prob[0..n_prob) are known (cand[0..n_prob) sorted) */
     float max;    /* the largest logit */
-    double sum;   /* softmax denominator: the sum of e over the candidates */
+    double sum;   /* softmax denominator: the sum of exp(logit - max) over the candidates */
 };
 
 static void sort_upto(struct order *o, int k) {
@@ -214,14 +211,15 @@ static void sort_upto(struct order *o, int k) {
     int want = o->n_sorted * GROWTH > FIRST_CHUNK ? o->n_sorted * GROWTH : FIRST_CHUNK;
     if (want < k) want = k;
     if (want > o->n) want = o->n;
-    struct cand *rest = o->cand + o->n_sorted;
+    uint64_t *rest = o->cand + o->n_sorted;
     const int m = want - o->n_sorted;
-    if (want < o->n) select_first(rest, o->n - o->n_sorted, m, o->tmp);
+    if (want < o->n) select_first(rest, o->n - o->n_sorted, m);
     sort_cands(rest, m, o->tmp);
     o->n_sorted = want;
 }
 
-/* The probability of the i-th candidate in order (0 and o->past set past the known ones). */
+/* The probability of the i-th candidate in order (0 and o->past set past the known ones);
+ * without o->e its exp is taken when a walk first reaches it. */
 static float prob(struct order *o, int i) {
     if (i >= o->n_known) {
         o->past = 1;
@@ -229,10 +227,11 @@ static float prob(struct order *o, int i) {
     }
     sort_upto(o, i + 1);
     for (; o->n_prob <= i; o->n_prob++) {
-        struct cand *c = &o->cand[o->n_prob];
-        c->logit = (float)(o->e[c->id] / o->sum);
+        const uint64_t c = o->cand[o->n_prob];
+        const double e = o->e ? o->e[cand_id(c)] : exp((double)cand_logit(c) - o->max);
+        o->prob[o->n_prob] = (float)(e / o->sum);
     }
-    return o->cand[i].logit;
+    return o->prob[i];
 }
 
 /* The draw when the nucleus reaches past the known candidates (top_p alone). Its mass M is not
@@ -255,7 +254,7 @@ static int32_t draw_past_nucleus(struct tmx_sampler *s, struct order *o) {
         if (hi < cum) {
             if (before > lo) break;
             s->u = -1.0;
-            return s->cand[i].id;
+            return cand_id(s->cand[i]);
         }
     }
     s->u = u;
@@ -300,29 +299,30 @@ static int32_t walk(struct tmx_sampler *s, struct order *o) {
     for (int i = 0; i < n; i++) {
         r -= prob(o, i);
         if (o->past) break;
-        if (r < 0.0) return s->cand[i].id;
+        if (r < 0.0) return cand_id(s->cand[i]);
     }
     if (o->past || n > o->n_known) { /* left to the whole row, with the same number */
         s->u = u;
         return -1;
     }
-    return s->cand[n - 1].id; /* rounding left r >= 0 */
+    return cand_id(s->cand[n - 1]); /* rounding left r >= 0 */
 }
 
 int32_t tmx_sampler_sample(struct tmx_sampler *s, const float *logits) {
     const struct tmx_sampler_params *p = &s->p;
     if (p->temperature == 0.0f) return argmax(logits, s->n_vocab);
 
-    struct order o = {.cand = s->cand, .tmp = s->tmp, .e = s->e, .max = -INFINITY};
+    struct order o = {.cand = s->cand, .tmp = s->tmp, .prob = s->prob, .e = s->e,
+                      .max = -INFINITY};
     for (int i = 0; i < s->n_vocab; i++)
         if (!isnan(logits[i]) && logits[i] != -INFINITY) {
             const float x = logits[i] / p->temperature;
-            s->cand[o.n++] = (struct cand){x, i};
+            s->cand[o.n++] = cand_make(x, i);
             o.max = x > o.max ? x : o.max;
         }
     if (o.n == 0) return argmax(logits, s->n_vocab);
     if (p->top_k > 0 && p->top_k < o.n) { /* the survivors, all sorted */
-        select_first(s->cand, o.n, p->top_k, s->tmp);
+        select_first(s->cand, o.n, p->top_k);
         o.n = p->top_k;
         sort_upto(&o, o.n);
     }
@@ -330,8 +330,8 @@ int32_t tmx_sampler_sample(struct tmx_sampler *s, const float *logits) {
 
     /* softmax over the survivors: summed in order when top_k sorted them, else as they lie */
     for (int i = 0; i < o.n; i++) {
-        const int32_t id = s->cand[i].id;
-        s->e[id] = exp((double)s->cand[i].logit - o.max);
+        const int32_t id = cand_id(s->cand[i]);
+        s->e[id] = exp((double)cand_logit(s->cand[i]) - o.max);
         o.sum += s->e[id];
     }
     return walk(s, &o);
@@ -342,16 +342,35 @@ int32_t tmx_sampler_sample_top(struct tmx_sampler *s, const struct tmx_sampler_t
     if (p->temperature == 0.0f) return t->k > 0 && t->id[0] >= 0 ? t->id[0] : -1;
     if (t->n < 1 || t->k < 1) return -1; /* the whole row says what to do */
     const int known = t->k < t->n ? t->k : t->n;
-    for (int i = 0; i < known; i++) s->cand[i] = (struct cand){t->x[i] / p->temperature, t->id[i]};
-    struct order o = {.cand = s->cand, .tmp = s->tmp, .e = s->e, .n = t->n, .n_known = known,
-                      .n_sorted = known, .max = s->cand[0].logit, .sum = t->sum};
+    for (int i = 0; i < known; i++) s->cand[i] = cand_make(t->x[i] / p->temperature, t->id[i]);
+    struct order o = {.cand = s->cand, .tmp = s->tmp, .prob = s->prob, .n = t->n,
+                      .n_known = known, .n_sorted = known, .max = cand_logit(s->cand[0]),
+                      .sum = t->sum};
     if (p->top_k > 0 && p->top_k < o.n) { /* as tmx_sampler_sample sums the survivors */
         if (p->top_k > known) return -1;
         o.n = o.n_known = o.n_sorted = p->top_k;
         o.sum = 0.0;
-        for (int i = 0; i < o.n; i++) o.sum += exp((double)s->cand[i].logit - o.max);
+        for (int i = 0; i < o.n; i++) o.sum += exp((double)cand_logit(s->cand[i]) - o.max);
     }
-    for (int i = 0; i < o.n_known; i++)
-        s->e[s->cand[i].id] = exp((double)s->cand[i].logit - o.max);
+    return walk(s, &o);
+}
+
+int32_t tmx_sampler_sample_rest(struct tmx_sampler *s, const struct tmx_sampler_top *t,
+                                const float *logits) {
+    const struct tmx_sampler_params *p = &s->p;
+    const int known = t->k < t->n ? t->k : t->n;
+    if (p->temperature == 0.0f || known < 1 || (p->top_k > 0 && p->top_k < t->n))
+        return tmx_sampler_sample(s, logits); /* where tmx_sampler_sample_top wants the row */
+    for (int i = 0; i < known; i++) s->cand[i] = cand_make(t->x[i] / p->temperature, t->id[i]);
+    const uint64_t last = s->cand[known - 1];
+    int n = known;
+    for (int i = 0; i < s->n_vocab && n < s->n_vocab; i++)
+        if (!isnan(logits[i]) && logits[i] != -INFINITY) {
+            const uint64_t c = cand_make(logits[i] / p->temperature, i);
+            if (c > last) s->cand[n++] = c;
+        }
+    if (n != t->n) return tmx_sampler_sample(s, logits); /* t is not this row's */
+    struct order o = {.cand = s->cand, .tmp = s->tmp, .prob = s->prob, .n = n, .n_known = n,
+                      .n_sorted = known, .max = cand_logit(s->cand[0]), .sum = t->sum};
     return walk(s, &o);
 }

@@ -187,10 +187,11 @@ static int edits_room(struct tmx_serve *s, size_t n) {
 }
 
 /* Picks the next token of r from its logits: with `edited` 0 the logit bias and penalties go
- * on a copy (edited 1: the logits carry them, from a top step), then the request's sampler.
- * Fills the event's logprobs from the logits, which are unmodified when r asks for them. */
+ * on a copy (edited 1: the logits carry them, from a top step), then the request's sampler
+ * (top: the row's first candidates, when a top step's draw needed the rest of it). Fills the
+ * event's logprobs from the logits, which are unmodified when r asks for them. */
 static int32_t pick(struct tmx_serve *s, struct request *r, const float *logits, int edited,
-                    struct tmx_token_event *ev) {
+                    const struct tmx_sampler_top *top, struct tmx_token_event *ev) {
     const struct tmx_request_params *p = &r->p;
     const int n = s->n_vocab;
     const float *x = logits;
@@ -203,7 +204,8 @@ static int32_t pick(struct tmx_serve *s, struct request *r, const float *logits,
         }
         x = s->work;
     }
-    const int32_t tok = tmx_sampler_sample(r->sampler, x);
+    const int32_t tok = top ? tmx_sampler_sample_rest(r->sampler, top, x)
+                            : tmx_sampler_sample(r->sampler, x);
     if (p->top_logprobs >= 0) {
         const double lse = log_sum_exp(logits, n);
         int k = 0;
@@ -237,20 +239,26 @@ static int is_stop(const struct tmx_serve *s, const struct request *r, int32_t t
     return 0;
 }
 
-/* r's next token from row j of a top step, and its log probabilities as pick() finds them in
- * the whole row (the softmax at temperature 1 and the top_logprobs most likely, the lower id
- * first among equal ones), which lie among the candidates. -1 when the draw or the list needs
- * more of the row (then pick() makes it, with the same random number). */
-static int32_t pick_top(struct tmx_serve *s, struct request *r, int j,
-                        struct tmx_token_event *ev) {
+/* Row j of a top step: its first candidates. */
+static struct tmx_sampler_top top_row(const struct tmx_serve *s, int j) {
     const size_t at = (size_t)j * TMX_TOPK_MAX;
-    const float *x = s->top_x + at;
-    const int32_t *id = s->top_id + at;
     const double *st = s->top_stat + 3 * (size_t)j;
-    const int want = r->p.top_logprobs, known = st[1] < TMX_TOPK_MAX ? (int)st[1] : TMX_TOPK_MAX;
+    return (struct tmx_sampler_top){TMX_TOPK_MAX, s->top_x + at, s->top_id + at, st[0],
+                                    (int)st[1]};
+}
+
+/* r's next token from t, row j of a top step, and its log probabilities as pick() finds them
+ * in the whole row (the softmax at temperature 1 and the top_logprobs most likely, the lower
+ * id first among equal ones), which lie among the candidates. -1 when the draw or the list
+ * needs more of the row (then pick() makes it, with the same random number). */
+static int32_t pick_top(struct tmx_serve *s, struct request *r, const struct tmx_sampler_top *t,
+                        int j, struct tmx_token_event *ev) {
+    const float *x = t->x;
+    const int32_t *id = t->id;
+    const double *st = s->top_stat + 3 * (size_t)j;
+    const int want = r->p.top_logprobs, known = t->n < TMX_TOPK_MAX ? t->n : TMX_TOPK_MAX;
     if (want > known) return -1; /* pick() lists ids of -inf too */
-    const struct tmx_sampler_top t = {TMX_TOPK_MAX, x, id, st[0], (int)st[1]};
-    const int32_t tok = tmx_sampler_sample_top(r->sampler, &t);
+    const int32_t tok = tmx_sampler_sample_top(r->sampler, t);
     if (tok < 0 || want < 0) return tok;
     const double lse = x[0] + log(st[2]);
     int k = 0;
@@ -265,13 +273,13 @@ static int32_t pick_top(struct tmx_serve *s, struct request *r, int j,
     return tok;
 }
 
-/* Samples r's next token from its logits (edited: they carry r's edits; NULL: `tok` is it,
- * and ev has its log probabilities if r asked for them) and reports it. Returns 1 when r is
- * finished. */
+/* Samples r's next token from its logits (edited: they carry r's edits; top: as pick() takes
+ * it; logits NULL: `tok` is it, and ev has its log probabilities if r asked for them) and
+ * reports it. Returns 1 when r is finished. */
 static int emit(struct tmx_serve *s, struct request *r, const float *logits, int edited,
-                int32_t tok, struct tmx_token_event *evp) {
+                const struct tmx_sampler_top *top, int32_t tok, struct tmx_token_event *evp) {
     struct tmx_token_event ev = *evp;
-    if (logits) tok = pick(s, r, logits, edited, &ev);
+    if (logits) tok = pick(s, r, logits, edited, top, &ev);
     r->tokens[r->n_tokens++] = tok;
     r->n_gen++;
     const double t = now();
@@ -511,8 +519,9 @@ static void step(struct tmx_serve *s) {
         float *logits = greedy ? NULL : s->logits + (size_t)j * s->vocab_size;
         int32_t tok = greedy ? s->next[j] : -1;
         struct tmx_token_event ev = {.id = r->id};
+        const struct tmx_sampler_top t = top ? top_row(s, j) : (struct tmx_sampler_top){0};
         if (top) {
-            tok = pick_top(s, r, j, &ev);
+            tok = pick_top(s, r, &t, j, &ev);
             char *rerr = NULL; /* past the candidates: the row, with the same random number */
             if (tok >= 0) logits = NULL;
             else if (tmx_model_read_logits(s->m, j, logits, &rerr) != TMX_OK) {
@@ -521,7 +530,7 @@ static void step(struct tmx_serve *s) {
                 continue;
             }
         }
-        if (emit(s, r, logits, top && !plain(r), tok, &ev)) {
+        if (emit(s, r, logits, top && !plain(r), top ? &t : NULL, tok, &ev)) {
             tmx_seq_free(r->seq); /* finished */
             r->seq = NULL;
         }

@@ -166,7 +166,7 @@ static enum tmx_status sample_step(struct round *r, char **err) {
         if (r->picks[i] >= 0) continue;
         r->read_back++;
         st = tmx_model_read_logits(r->m, i, r->logits, err);
-        if (st == TMX_OK) r->picks[i] = tmx_sampler_sample(r->samplers[i], r->logits);
+        if (st == TMX_OK) r->picks[i] = tmx_sampler_sample_rest(r->samplers[i], &t, r->logits);
     }
     return st;
 }

@@ -38,8 +38,8 @@ static int parse_num(const char *name, const char *arg, double *out) {
 }
 
 /* Feeds `next` to seq and picks the token after it where the logits are when the model can:
- * the kernel set's argmax (greedy) or its first candidates for the sampler (topk). Otherwise,
- * or when the draw needs the whole row, *pending is -1 and logits holds the row. */
+ * the kernel set's argmax (greedy) or its first candidates for the sampler (topk; the row
+ * read back when the draw needs more). Otherwise *pending is -1 and logits holds the row. */
 static enum tmx_status decode(struct tmx_model *m, struct tmx_seq *seq, int32_t next,
                               struct tmx_sampler *sampler, float temperature, int n_vocab,
                               float *logits, int32_t *pending, char **err) {
@@ -58,8 +58,10 @@ static enum tmx_status decode(struct tmx_model *m, struct tmx_seq *seq, int32_t 
                             ids, stats, err);
     if (st != TMX_OK) return st;
     const struct tmx_sampler_top t = {TMX_TOPK_MAX, xs, ids, stats[0], (int)stats[1]};
-    *pending = tmx_sampler_sample_top(sampler, &t);
-    return *pending >= 0 ? TMX_OK : tmx_model_read_logits(m, 0, logits, err);
+    if ((*pending = tmx_sampler_sample_top(sampler, &t)) >= 0) return TMX_OK;
+    if ((st = tmx_model_read_logits(m, 0, logits, err)) == TMX_OK)
+        *pending = tmx_sampler_sample_rest(sampler, &t, logits);
+    return st;
 }
 
 int cmd_generate(int argc, char **argv) {

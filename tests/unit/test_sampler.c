@@ -264,8 +264,9 @@ static void ref_top(const float *logits, int n_vocab, float temperature, int k,
     *t = (struct tmx_sampler_top){k, x, id, n ? sum : 0.0, n};
 }
 
-/* draws draws of `top` from candidates t, falling back to the row when it returns -1, each
- * checked against `row` drawing from the row; returns the number of fallbacks. */
+/* draws draws of `top` from candidates t, finished from the rest of the row
+ * (tmx_sampler_sample_rest) when it returns -1, each checked against `row` drawing from the
+ * row; returns the number of fallbacks. */
 static int draw_both(struct tmx_sampler *top, struct tmx_sampler *row,
                      const struct tmx_sampler_top *t, const float *logits, int draws) {
     int fallbacks = 0;
@@ -273,7 +274,7 @@ static int draw_both(struct tmx_sampler *top, struct tmx_sampler *row,
         int32_t got = tmx_sampler_sample_top(top, t);
         if (got < 0) {
             fallbacks++;
-            got = tmx_sampler_sample(top, logits);
+            got = tmx_sampler_sample_rest(top, t, logits);
         }
         assert_int_equal(got, tmx_sampler_sample(row, logits));
     }
@@ -281,8 +282,8 @@ static int draw_both(struct tmx_sampler *top, struct tmx_sampler *row,
 }
 
 /* Two samplers of one seed draw the same tokens when one draws from the first k candidates and
- * falls back to the row only when it returns -1; with k = 256 the fallback never comes for top_k
- * <= 256 or a tight nucleus, and does come for plain sampling of a flat row. */
+ * finishes from the rest of the row only when it returns -1; with k = 256 the fallback never
+ * comes for top_k <= 256 or a tight nucleus, and does come for plain sampling of a flat row. */
 static void test_top_candidates_draw_what_the_row_draws(void **state) {
     (void)state;
     enum { V = 6000, DRAWS = 40 };

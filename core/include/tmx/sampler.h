@@ -6,7 +6,7 @@
  * likely token) -> draw with a seeded PRNG. The filters and the draw walk the candidates from
  * the most likely down, the lower id first among equal logits, and one draw takes one number
  * from the PRNG, scaled by the kept probabilities' sum (1 when the filters keep every
- * candidate). Time per draw: O(n_vocab). The sampler owns its scratch memory (24 bytes per
+ * candidate). Time per draw: O(n_vocab). The sampler owns its scratch memory (28 bytes per
  * vocabulary entry). */
 #ifndef TMX_SAMPLER_H
 #define TMX_SAMPLER_H
@@ -44,8 +44,17 @@ struct tmx_sampler_top {
 
 /* The draw tmx_sampler_sample would make from the whole row, made from its first candidates
  * and its softmax denominator; the same token when `sum` is summed as tmx_sampler_sample sums
- * (in id order). Returns -1 when the draw needs more of the row: then call tmx_sampler_sample
- * with the row's logits next, which uses the PRNG number this call took. */
+ * (in id order). Returns -1 when the draw needs more of the row: then call
+ * tmx_sampler_sample_rest (or tmx_sampler_sample) with the row's logits next, which uses the
+ * PRNG number this call took. */
 int32_t tmx_sampler_sample_top(struct tmx_sampler *s, const struct tmx_sampler_top *t);
+
+/* After tmx_sampler_sample_top(s, t) returned -1: the draw from t and logits[n_vocab], the row
+ * t came from (not modified), with the number that call took. The draw tmx_sampler_sample
+ * would make, when `sum` is summed as it sums, at a fraction of its cost on a long row: the
+ * first candidates are not looked for again, the softmax takes t's sum, and only the
+ * candidates the walk reaches get an exp. */
+int32_t tmx_sampler_sample_rest(struct tmx_sampler *s, const struct tmx_sampler_top *t,
+                                const float *logits);
 
 #endif
