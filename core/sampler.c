@@ -142,18 +142,27 @@ static void sort_cands(uint64_t *c, int n, uint64_t *tmp) {
     if (from != c) memcpy(c, from, (size_t)n * sizeof *c);
 }
 
-/* Moves the candidates of c[lo..hi) whose byte at `shift` is below `below` to its front and
- * returns where they end. Without a branch on the byte (a Lomuto partition that always swaps):
- * which way a candidate goes is as good as random. */
-static int partition(uint64_t *c, int lo, int hi, int shift, uint64_t below) {
+/* Moves the `moved` candidates of c[lo..hi) whose byte at `shift` is below `below` to its
+ * front (a Lomuto partition). When they are few the branch on the byte is all but always
+ * right; otherwise which way a candidate goes is as good as random, and every candidate is
+ * swapped, with no branch. */
+static void partition(uint64_t *c, int lo, int hi, int shift, uint64_t below, int moved) {
     int front = lo; /* c[lo..front) are below, c[front..i) are not */
+    if (moved < (hi - lo) / 16) {
+        for (int i = lo; front < lo + moved; i++)
+            if ((c[i] >> shift & 0xff) < below) {
+                const uint64_t x = c[i];
+                c[i] = c[front];
+                c[front++] = x;
+            }
+        return;
+    }
     for (int i = lo; i < hi; i++) {
         const uint64_t x = c[i];
         c[i] = c[front];
         c[front] = x;
         front += (x >> shift & 0xff) < below;
     }
-    return front;
 }
 
 /* Moves the k first candidates of c[0..n) (in candidate order) to c[0..k), unordered, for
@@ -180,8 +189,9 @@ static void select_first(uint64_t *c, int n, int k) {
         int below = lo;
         while (below + (int)count[b] < k) below += (int)count[b++];
         if ((int)count[b] == hi - lo) continue;
-        const int front = partition(c, lo, hi, shift, b + 1);
-        partition(c, lo, front, shift, b);
+        const int front = below + (int)count[b];
+        partition(c, lo, hi, shift, b + 1, front - lo);
+        partition(c, lo, front, shift, b, below - lo);
         lo = below;
         hi = front;
     }

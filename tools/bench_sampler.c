@@ -13,7 +13,12 @@
  * "peaked", N(0, 2.5) with ten tokens 8-17 above the rest (a model that is fairly sure), and
  * "flat", N(0, 1) alone (the nucleus spans thousands of tokens). For each sampler setting it
  * prints the median and mean thread CPU time of one tmx_sampler_sample call and a checksum of
- * the tokens drawn: two samplers that agree on every draw print the same checksum. */
+ * the tokens drawn: two samplers that agree on every draw print the same checksum. A second
+ * table times a top step's draw as tmx serve makes it: tmx_sampler_sample_top from the row's
+ * first 256 candidates and their sum (as kernels.cpu's topk gives them, made untimed), then for
+ * a draw that needs more of the row either tmx_sampler_sample (the row drawn from anew) or
+ * tmx_sampler_sample_rest (the draw finished from it), each with its own sampler of one seed:
+ * equal checksums, the same draws. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -47,6 +52,40 @@ static double normal(uint64_t *x) { /* Box-Muller */
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+struct cand {
+    float y;
+    int32_t id;
+};
+
+static int cmp_cand(const void *a, const void *b) { /* logit down, then id up */
+    const struct cand *x = a, *y = b;
+    return x->y != y->y ? (x->y < y->y) - (x->y > y->y) : (x->id > y->id) - (x->id < y->id);
+}
+
+/* The first TOP candidates of x[n] at temperature t and their sums, as kernels.cpu's topk
+ * gives them: xs, ids, sum (over all candidates, in id order) and the count. */
+enum { TOP = 256 };
+
+static void first_candidates(const float *x, int n, float t, struct cand *c, float *xs,
+                             int32_t *ids, double *sum) {
+    for (int i = 0; i < n; i++) c[i] = (struct cand){x[i] / t, i};
+    qsort(c, (size_t)n, sizeof *c, cmp_cand);
+    *sum = 0.0;
+    for (int i = 0; i < n; i++) *sum += exp((double)(x[i] / t) - c[0].y);
+    for (int i = 0; i < TOP; i++) {
+        xs[i] = x[c[i].id];
+        ids[i] = c[i].id;
+    }
+}
+
+/* Median and mean of t[draws] (sorted in place), in microseconds. */
+static void stats(double *t, int draws, double *median, double *mean) {
+    *mean = 0.0;
+    for (int d = 0; d < draws; d++) *mean += t[d] / draws * 1e6;
+    qsort(t, (size_t)draws, sizeof *t, cmp_double);
+    *median = t[draws / 2] * 1e6;
 }
 
 int main(int argc, char **argv) {
@@ -100,13 +139,71 @@ int main(int argc, char **argv) {
                 t[d] = dt;
                 sum = (sum ^ (uint64_t)tok) * 1099511628211ull;
             }
-            double mean = 0.0;
-            for (int d = 0; d < draws; d++) mean += t[d] / draws;
-            qsort(t, (size_t)draws, sizeof *t, cmp_double);
+            double median, mean;
+            stats(t, draws, &median, &mean);
             printf("| %s | %s | %.1f | %.1f | %016llx |\n", shapes[shape], settings[k].name,
-                   t[draws / 2] * 1e6, mean * 1e6, (unsigned long long)sum);
+                   median, mean, (unsigned long long)sum);
             tmx_sampler_free(s);
         }
+
+    /* [2][8] rows of first candidates, at temperature 0.8 (every setting's but the last) */
+    float *top_x = malloc((size_t)2 * N_ARRAYS * TOP * sizeof *top_x);
+    int32_t *top_id = malloc((size_t)2 * N_ARRAYS * TOP * sizeof *top_id);
+    double top_sum[2 * N_ARRAYS];
+    struct cand *c = malloc((size_t)n_vocab * sizeof *c);
+    double *t_rest = malloc((size_t)draws * sizeof *t_rest);
+    if (!top_x || !top_id || !c || !t_rest) return 1;
+    printf("\nTop draws, temperature 0.8 (median / mean CPU microseconds per sampled token)\n");
+    printf("| logits | sampler | draws past 256 | then the row: median us | mean us | then the "
+           "rest: median us | mean us | checksums |\n|---|---|---|---|---|---|---|---|\n");
+    for (int r = 0; r < 2 * N_ARRAYS; r++)
+        first_candidates(logits + (size_t)r * n_vocab, n_vocab, 0.8f, c, top_x + r * TOP,
+                         top_id + r * TOP, &top_sum[r]);
+    for (int shape = 0; shape < 2; shape++)
+        for (size_t k = 0; k + 1 < sizeof settings / sizeof settings[0]; k++) {
+            struct tmx_sampler *whole = NULL, *rest = NULL;
+            char *err = NULL;
+            if (tmx_sampler_new(&settings[k].p, n_vocab, &whole, &err) != TMX_OK ||
+                tmx_sampler_new(&settings[k].p, n_vocab, &rest, &err) != TMX_OK) {
+                fprintf(stderr, "%s\n", err);
+                return 1;
+            }
+            uint64_t sum_whole = 1469598103934665603ull, sum_rest = sum_whole;
+            int past = 0;
+            for (int d = -3; d < draws; d++) {
+                const int r = shape * N_ARRAYS + (d + 3) % N_ARRAYS;
+                const float *x = logits + (size_t)r * n_vocab;
+                const struct tmx_sampler_top top = {TOP, top_x + r * TOP, top_id + r * TOP,
+                                                    top_sum[r], n_vocab};
+                double t0 = now();
+                int32_t tok = tmx_sampler_sample_top(whole, &top);
+                const int needs_row = tok < 0;
+                if (needs_row) tok = tmx_sampler_sample(whole, x);
+                const double dt = now() - t0;
+                t0 = now();
+                int32_t tok_rest = tmx_sampler_sample_top(rest, &top);
+                if (tok_rest < 0) tok_rest = tmx_sampler_sample_rest(rest, &top, x);
+                const double dt_rest = now() - t0;
+                if (d < 0) continue;
+                past += needs_row;
+                t[d] = dt;
+                t_rest[d] = dt_rest;
+                sum_whole = (sum_whole ^ (uint64_t)tok) * 1099511628211ull;
+                sum_rest = (sum_rest ^ (uint64_t)tok_rest) * 1099511628211ull;
+            }
+            double median, mean, median_rest, mean_rest;
+            stats(t, draws, &median, &mean);
+            stats(t_rest, draws, &median_rest, &mean_rest);
+            printf("| %s | %s | %d of %d | %.1f | %.1f | %.1f | %.1f | %s |\n", shapes[shape],
+                   settings[k].name, past, draws, median, mean, median_rest, mean_rest,
+                   sum_whole == sum_rest ? "equal" : "DIFFER");
+            tmx_sampler_free(whole);
+            tmx_sampler_free(rest);
+        }
+    free(top_x);
+    free(top_id);
+    free(c);
+    free(t_rest);
     free(logits);
     free(t);
     return 0;

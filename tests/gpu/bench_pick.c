@@ -2,8 +2,9 @@
  * (core/forward.c). Greedy: the set's argmax, then n ids read back, against n rows of logits
  * read back and their argmax on the host (what a set without argmax gets, and every step
  * before ABI 2.3). Sampled: the set's topk, n rows of first candidates read back and drawn from
- * (tmx_sampler_sample_top, a row read back for a draw past them), against n rows of logits read
- * back and drawn from (tmx_sampler_sample; a set without topk, and every step before ABI 2.4);
+ * (tmx_sampler_sample_top; a row read back for a draw past them, and the draw finished from it
+ * by tmx_sampler_sample_rest), against n rows of logits read back and drawn from
+ * (tmx_sampler_sample; a set without topk, and every step before ABI 2.4);
  * one setting with 1,000 edits a row (logit_edit, ABI 2.5) against the same edits on the host.
  * Vocabularies: muse-mini's (8,192), the reconstructed 816B model's (202,048) and its slice
  * on a rank of TP 4 (50,512). Built by kernels/cuda/CMakeLists.txt as bin/tmx-bench-pick;
@@ -202,7 +203,7 @@ static int sampled(const struct tmx_kernels *k, void *x, float *xh, FILE *json) 
                         fallbacks++;
                         failed |= k->ops->buf_read(k->ctx, row, (float *)x + (size_t)j * V,
                                                    (size_t)V * sizeof *row) != TMX_OK;
-                        got[i][j] = tmx_sampler_sample(a[j], row);
+                        got[i][j] = tmx_sampler_sample_rest(a[j], &t, row);
                     }
                 }
                 const double t_dev = (now_s() - t0) / REPEAT_SAMPLED;
