@@ -17,7 +17,7 @@ struct tmx_sampler {
     int n_vocab;
     uint64_t rng[4];   /* xoshiro256** state */
     double u;          /* a draw's number that tmx_sampler_sample_top took and left to
-                          tmx_sampler_sample; < 0: none */
+                          tmx_sampler_sample(_rest); < 0: none */
     uint64_t *cand;    /* [n_vocab] scratch: candidates (cand_make) */
     uint64_t *tmp;     /* [n_vocab] scratch: the radix sort's other buffer */
     float *prob;       /* [n_vocab] scratch: the probabilities of the first candidates */
