@@ -172,7 +172,7 @@ static void partition(uint64_t *c, int lo, int hi, int shift, uint64_t below, in
  * Those with a smaller byte are among the first k, those with a larger one are not: the ones
  * with a byte at most that value go to the front, and the smaller ones to the front of those.
  * Candidates are distinct (they hold their id), so at most 8 rounds, each O(n). */
-static void select_first(uint64_t *c, int n, int k) {
+static void radix_select(uint64_t *c, int n, int k) {
     int lo = 0, hi = n; /* c[0..lo) are among the first k, c[hi..n) are not */
     for (int shift = 56; shift >= 0 && lo < k && k < hi; shift -= 8) {
         uint32_t count[256] = {0}, part[3][256] = {{0}}; /* four counts: runs of one byte */
@@ -195,6 +195,37 @@ static void select_first(uint64_t *c, int n, int k) {
         lo = below;
         hi = front;
     }
+}
+
+/* select_first's sample: in a range of at least 16 times as many candidates, when k is a
+ * small share of it, a threshold from SAMPLE candidates spread over it (the one at k's share
+ * plus two standard deviations of that estimate, so that it most often falls a little after
+ * the k-th) lets one pass, which rarely moves a candidate, keep little more than the first k
+ * for the radix select. */
+enum { SAMPLE = 256 };
+
+/* Moves the k first candidates of c[0..n) (in candidate order) to c[0..k), unordered, for
+ * 0 < k < n, using tmp[SAMPLE]. */
+static void select_first(uint64_t *c, int n, int k, uint64_t *tmp) {
+    const double f = (double)k / n;
+    const int want = (int)(f * SAMPLE + 2.0 * sqrt(SAMPLE * f * (1.0 - f)) + 1.0);
+    if (n >= 16 * SAMPLE && want < SAMPLE / 4) {
+        for (int j = 0; j < SAMPLE; j++) tmp[j] = c[(int64_t)j * n / SAMPLE];
+        sort_cands(tmp, SAMPLE, tmp + SAMPLE);
+        const uint64_t last = tmp[want];
+        int front = 0;
+        for (int i = 0; i < n; i++)
+            if (c[i] <= last) {
+                const uint64_t x = c[i];
+                c[i] = c[front];
+                c[front++] = x;
+            }
+        if (front >= k) { /* else the estimate fell short: all of c */
+            if (front > k) radix_select(c, front, k);
+            return;
+        }
+    }
+    radix_select(c, n, k);
 }
 
 /* The draw works on the candidates in order but mostly reads only the first few: cand[0..n)
@@ -223,7 +254,7 @@ static void sort_upto(struct order *o, int k) {
     if (want > o->n) want = o->n;
     uint64_t *rest = o->cand + o->n_sorted;
     const int m = want - o->n_sorted;
-    if (want < o->n) select_first(rest, o->n - o->n_sorted, m);
+    if (want < o->n) select_first(rest, o->n - o->n_sorted, m, o->tmp);
     sort_cands(rest, m, o->tmp);
     o->n_sorted = want;
 }
@@ -332,7 +363,7 @@ int32_t tmx_sampler_sample(struct tmx_sampler *s, const float *logits) {
         }
     if (o.n == 0) return argmax(logits, s->n_vocab);
     if (p->top_k > 0 && p->top_k < o.n) { /* the survivors, all sorted */
-        select_first(s->cand, o.n, p->top_k);
+        select_first(s->cand, o.n, p->top_k, s->tmp);
         o.n = p->top_k;
         sort_upto(&o, o.n);
     }

@@ -191,11 +191,12 @@ static int32_t ref_sample(const struct tmx_sampler_params *p, uint64_t *rng,
 }
 
 /* Rows of logits the draws are checked on. */
-enum shape { PEAKED, QUARTERS, SIGNED, TIED, FLAT };
+enum shape { PEAKED, QUARTERS, SIGNED, TIED, FLAT, STRIDED };
 
 /* logits[n] of a shape, from gen: a few that stand out, 17 distinct values (quarters), quarters
- * from -4 to 4 with every zero's sign drawn (-0 ties +0), all equal, or all within 0.01; -inf
- * at 17 and NaN at 4000. */
+ * from -4 to 4 with every zero's sign drawn (-0 ties +0), all equal, all within 0.01, or within
+ * 0.01 but 8 higher around every (n / 256)-th (where the sampler takes its sample for a
+ * threshold, which then keeps too few: its fallback); -inf at 17 and NaN at 4000. */
 static void fill_logits(float *logits, int n, enum shape shape, uint64_t *gen) {
     for (int i = 0; i < n; i++) {
         const double u = (double)(ref_splitmix64(gen) >> 11) * 0x1.0p-53;
@@ -206,6 +207,9 @@ static void fill_logits(float *logits, int n, enum shape shape, uint64_t *gen) {
                                       : (float)(0.01 * u);
         if (shape == SIGNED && logits[i] == 0.0f && ref_splitmix64(gen) & 1) logits[i] = -0.0f;
     }
+    for (int j = 0; shape == STRIDED && j < 256; j++)
+        for (int i = (int)((int64_t)j * n / 256); i < (int)((int64_t)j * n / 256) + 4; i++)
+            logits[i] += 8.0f;
     logits[17] = -INFINITY;
     logits[4000] = NAN;
 }
@@ -228,7 +232,7 @@ static void test_partial_sort_draws_what_a_full_sort_draws(void **state) {
     assert_non_null(logits);
     assert_non_null(cand);
     uint64_t gen = 77;
-    static const enum shape shapes[] = {PEAKED, QUARTERS, SIGNED, TIED};
+    static const enum shape shapes[] = {PEAKED, QUARTERS, SIGNED, TIED, STRIDED};
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
         fill_logits(logits, V, shapes[sh], &gen);
         for (size_t k = 0; k < sizeof settings / sizeof settings[0]; k++) {
