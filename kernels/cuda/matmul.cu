@@ -583,13 +583,51 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint3
     *lo = la | (uint32_t)lb << 16;
 }
 
-/* y[n][m] = x[n][k] . w[m][k]^T for BF16 w, k a multiple of 8, x and w 16-byte aligned. */
+/* A block step's activations, MMA_XS float4s a thread: element e = threadIdx.x + 256 i is
+ * lane e % 32's k-step e / 32 % 2 of tile e / 64 % 2 for warp e / 128 along k. */
+#define MMA_XS (MMA_KW * 2 * 2 * 32 / 256)
+
+__device__ __forceinline__ void mma_x_load(float4 (&v)[MMA_XS], const float *x, int n, int k,
+                                           int t0, int kb) {
+#pragma unroll
+    for (int i = 0; i < MMA_XS; i++) {
+        const int e = threadIdx.x + 256 * i, el = e % 32, es = e / 32 % 2, ej = e / 64 % 2;
+        const int tok = t0 + 8 * ej + el / 4, kx = kb + 32 * (e / 128) + 8 * (el % 4) + 4 * es;
+        v[i] = tok < n && kx < k ? *(const float4 *)(x + (int64_t)tok * k + kx)
+                                 : make_float4(0, 0, 0, 0);
+    }
+}
+
+/* The activations of mma_x_load, split into the lanes' B fragments {hi0, hi1, lo0, lo1}. */
+__device__ __forceinline__ void mma_x_stage(uint4 (*xb)[2][2][32], const float4 (&v)[MMA_XS]) {
+#pragma unroll
+    for (int i = 0; i < MMA_XS; i++) {
+        const int e = threadIdx.x + 256 * i;
+        uint4 f;
+        split_pair(v[i].x, v[i].y, &f.x, &f.z);
+        split_pair(v[i].z, v[i].w, &f.y, &f.w);
+        xb[e / 128][e / 64 % 2][e / 32 % 2][e % 32] = f;
+    }
+}
+
+/* The lane's 8 weights of rows g and g + 8 in a block step. */
+__device__ __forceinline__ void mma_w_load(uint4 &za, uint4 &zb, const uint16_t *wa,
+                                           const uint16_t *wb, int k, int kw) {
+    za = kw < k ? __ldg((const uint4 *)(wa + kw)) : make_uint4(0, 0, 0, 0);
+    zb = kw < k ? __ldg((const uint4 *)(wb + kw)) : make_uint4(0, 0, 0, 0);
+}
+
+/* y[n][m] = x[n][k] . w[m][k]^T for BF16 w, k a multiple of 8, x and w 16-byte aligned.
+ * AHEAD (option bf16_mma_ahead, experimental): each step's weights and activations are loaded
+ * a step ahead, into registers, and the activations staged into one of two buffers, so a step
+ * waits at one barrier and its loads' latency passes under the step before. */
+template <bool AHEAD>
 __global__ void __launch_bounds__(256)
 bf16_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
                 const uint16_t *__restrict__ w, int n, int m, int k) {
     tmx_pdl_enter();
-    __shared__ uint4 xb[MMA_KW][2][2][32];      /* [warp along k][tile][k-step][lane]: the
-                                                   lane's B fragments {hi0, hi1, lo0, lo1} */
+    __shared__ uint4 xb[AHEAD ? 2 : 1][MMA_KW][2][2][32]; /* [buffer][warp along k][tile]
+                                                             [k-step][lane] */
     __shared__ float4 red[MMA_KW - 1][2][2][32]; /* [warp along k - 1][warp along rows][tile]
                                                     [lane]: the sums of warps 1.. along k */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -598,32 +636,42 @@ bf16_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
     /* rows past m read the last one again, never stored */
     const uint16_t *wa = w + (int64_t)min(r0 + g, m - 1) * k;
     const uint16_t *wb = w + (int64_t)min(r0 + g + 8, m - 1) * k;
+    const int step = 32 * MMA_KW, kl = 32 * wk + 8 * t; /* the lane's weights in a step */
     float acc[2][4] = {};
-    for (int kb = 0; kb < k; kb += 32 * MMA_KW) {
-        const int kw = kb + 32 * wk + 8 * t;
-        const uint4 za = kw < k ? __ldg((const uint4 *)(wa + kw)) : make_uint4(0, 0, 0, 0);
-        const uint4 zb = kw < k ? __ldg((const uint4 *)(wb + kw)) : make_uint4(0, 0, 0, 0);
-        for (int e = threadIdx.x; e < MMA_KW * 2 * 2 * 32; e += blockDim.x) {
-            const int el = e % 32, es = e / 32 % 2, ej = e / 64 % 2, ek = e / 128;
-            const int tok = t0 + 8 * ej + el / 4, kx = kb + 32 * ek + 8 * (el % 4) + 4 * es;
-            const float4 v = tok < n && kx < k ? *(const float4 *)(x + (int64_t)tok * k + kx)
-                                               : make_float4(0, 0, 0, 0);
-            uint4 f;
-            split_pair(v.x, v.y, &f.x, &f.z);
-            split_pair(v.z, v.w, &f.y, &f.w);
-            xb[ek][ej][es][el] = f;
-        }
+    uint4 za, zb, na, nb;
+    float4 v[MMA_XS];
+    if (AHEAD) {
+        mma_x_load(v, x, n, k, t0, 0);
+        mma_w_load(za, zb, wa, wb, k, kl);
+        mma_x_stage(xb[0], v);
+        mma_x_load(v, x, n, k, t0, step);
         __syncthreads();
+    }
+    for (int kb = 0, i = 0; kb < k; kb += step, i ^= 1) {
+        if (AHEAD) {
+            mma_w_load(na, nb, wa, wb, k, kb + step + kl);
+        } else {
+            mma_w_load(za, zb, wa, wb, k, kb + kl);
+            mma_x_load(v, x, n, k, t0, kb);
+            mma_x_stage(xb[0], v);
+            __syncthreads();
+        }
+        const int at = AHEAD ? i : 0;
 #pragma unroll
         for (int s = 0; s < 2; s++) {
             const uint32_t a[4] = {s ? za.z : za.x, s ? zb.z : zb.x, s ? za.w : za.y,
                                    s ? zb.w : zb.y};
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                const uint4 b = xb[wk][j][s][lane];
+                const uint4 b = xb[at][wk][j][s][lane];
                 mma_bf16(acc[j], a, b.x, b.y);
                 mma_bf16(acc[j], a, b.z, b.w);
             }
+        }
+        if (AHEAD) { /* the buffer written here was last read a step ago, before its barrier */
+            mma_x_stage(xb[i ^ 1], v);
+            mma_x_load(v, x, n, k, t0, kb + 2 * step);
+            za = na, zb = nb;
         }
         __syncthreads();
     }
@@ -633,8 +681,8 @@ bf16_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
     __syncthreads();
     if (wk > 0) return;
     for (int j = 0; j < 2; j++) {
-        for (int v = 0; v < MMA_KW - 1; v++) {
-            const float4 o = red[v][wr][j][lane];
+        for (int q = 0; q < MMA_KW - 1; q++) {
+            const float4 o = red[q][wr][j][lane];
             acc[j][0] += o.x, acc[j][1] += o.y, acc[j][2] += o.z, acc[j][3] += o.w;
         }
         /* c0, c1: row g, tokens 2t and 2t + 1 of the tile; c2, c3: row g + 8 */
@@ -666,7 +714,10 @@ static void bf16_mma(struct cu_ctx *c, float *y, const float *x, const void *w, 
                      int k) {
     const dim3 grid((unsigned)((n + MMA_TOKENS - 1) / MMA_TOKENS),
                     (unsigned)((m + MMA_ROWS - 1) / MMA_ROWS));
-    cu_launch(c, bf16_mma_kernel, grid, 256, 0, y, x, (const uint16_t *)w, n, m, k);
+    if (c->bf16_mma_ahead)
+        cu_launch(c, bf16_mma_kernel<true>, grid, 256, 0, y, x, (const uint16_t *)w, n, m, k);
+    else
+        cu_launch(c, bf16_mma_kernel<false>, grid, 256, 0, y, x, (const uint16_t *)w, n, m, k);
 }
 
 /* BF16 weights, n > 8: the hi/lo split into s (scratch of 2 align256(2 n k) bytes), then two
