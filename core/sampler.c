@@ -355,12 +355,25 @@ int32_t tmx_sampler_sample(struct tmx_sampler *s, const float *logits) {
 
     struct order o = {.cand = s->cand, .tmp = s->tmp, .prob = s->prob, .e = s->e,
                       .max = -INFINITY};
-    for (int i = 0; i < s->n_vocab; i++)
-        if (!isnan(logits[i]) && logits[i] != -INFINITY) {
-            const float x = logits[i] / p->temperature;
-            s->cand[o.n++] = cand_make(x, i);
-            o.max = x > o.max ? x : o.max;
-        }
+    /* every logit a candidate, in a loop without branches, unless some are NaN or -inf */
+    int skip = 0;
+    for (int i = 0; i < s->n_vocab; i++) {
+        const float x = logits[i] / p->temperature;
+        s->cand[i] = cand_make(x, i);
+        o.max = x > o.max ? x : o.max;
+        skip |= !(logits[i] > -INFINITY);
+    }
+    o.n = s->n_vocab;
+    if (skip) {
+        o.n = 0;
+        o.max = -INFINITY;
+        for (int i = 0; i < s->n_vocab; i++)
+            if (!isnan(logits[i]) && logits[i] != -INFINITY) {
+                const float x = logits[i] / p->temperature;
+                s->cand[o.n++] = cand_make(x, i);
+                o.max = x > o.max ? x : o.max;
+            }
+    }
     if (o.n == 0) return argmax(logits, s->n_vocab);
     if (p->top_k > 0 && p->top_k < o.n) { /* the survivors, all sorted */
         select_first(s->cand, o.n, p->top_k, s->tmp);
