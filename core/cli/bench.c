@@ -2,7 +2,8 @@
  * batch size B, B sequences prefill prompts of P tokens together, then decode N tokens each in
  * steps of all B at once: greedy (the pick made where the logits are), or with --temperature
  * sampled as tmx serve samples (the set's first candidates where it has them, the whole row
- * read back when a draw needs more). What a server can do at most with B requests running;
+ * read back when a draw needs more; the host's time drawing and reading rows back is given
+ * apart). What a server can do at most with B requests running;
  * what its clients cost is not in it (tools/loadtest.py measures that). Under mpirun the
  * processes of ranks 1..N-1 only follow rank 0's steps. */
 #include <jansson.h>
@@ -79,6 +80,7 @@ struct result {
     double prefill_s, decode_s; /* wall time of the prefill steps and of the decode steps */
     int prefill_steps;
     int64_t read_back;          /* sampled decode: rows whose draw read the logits back */
+    double draw_s, read_s;      /* sampled decode: host time in the draws and in those reads */
 };
 
 /* The sequences of one round and their step arguments. */
@@ -101,6 +103,7 @@ struct round {
     double *top_stat;              /* [b][3] */
     float *logits;                 /* [b][vocab_size] rows read back */
     int64_t read_back;
+    double draw_s, read_s;         /* time drawing (reads not in it) and reading rows back */
 };
 
 /* Token ids for sequence s of round `salt`: an LCG, so that no two sequences share a prefix
@@ -150,13 +153,16 @@ static enum tmx_status sample_step(struct round *r, char **err) {
     if (!tmx_model_can_top(r->m)) {
         enum tmx_status st = tmx_model_step(r->m, r->step_seq, r->toks, r->ns, r->b, r->logits,
                                             err);
+        const double t0 = now();
         for (int i = 0; st == TMX_OK && i < r->b; i++)
             r->picks[i] = tmx_sampler_sample(r->samplers[i], r->logits + i * V);
+        r->draw_s += now() - t0;
         return st;
     }
     enum tmx_status st = tmx_model_step_top(r->m, r->step_seq, r->toks, r->ns, r->b, r->n_vocab,
                                             r->temps, NULL, NULL, r->top_x, r->top_id,
                                             r->top_stat, err);
+    const double t0 = now(), read0 = r->read_s;
     for (int i = 0; st == TMX_OK && i < r->b; i++) {
         const size_t at = (size_t)i * TMX_TOPK_MAX;
         const double *stat = r->top_stat + 3 * (size_t)i;
@@ -165,9 +171,12 @@ static enum tmx_status sample_step(struct round *r, char **err) {
         r->picks[i] = tmx_sampler_sample_top(r->samplers[i], &t);
         if (r->picks[i] >= 0) continue;
         r->read_back++;
+        const double t1 = now();
         st = tmx_model_read_logits(r->m, i, r->logits, err);
+        r->read_s += now() - t1;
         if (st == TMX_OK) r->picks[i] = tmx_sampler_sample_rest(r->samplers[i], &t, r->logits);
     }
+    r->draw_s += now() - t0 - (r->read_s - read0);
     return st;
 }
 
@@ -246,10 +255,13 @@ static enum tmx_status run_size(struct tmx_engine *e, int b, int p, int n,
         st = prefill(&r, p, &out->prefill_steps, err);
         const double t1 = now();
         r.read_back = 0;
+        r.draw_s = r.read_s = 0.0;
         if (st == TMX_OK) st = decode(&r, n, err);
         out->prefill_s = t1 - t0;
         out->decode_s = now() - t1;
         out->read_back = r.read_back;
+        out->draw_s = r.draw_s;
+        out->read_s = r.read_s;
     }
     for (int i = 0; r.seqs && i < b; i++) tmx_seq_free(r.seqs[i]);
     free(r.seqs), free(r.prompts), free(r.next), free(r.picks), free(r.owner), free(r.toks);
@@ -266,19 +278,23 @@ static double decode_tok_s(const struct result *x, int n) {
     return n ? x->batch * n / x->decode_s : 0.0;
 }
 
+static double per_step_ms(double s, int n) { return n ? 1e3 * s / n : 0.0; }
+
 static int write_json(const char *path, const char *model, const char *kernels, int tp, int p,
                       int n, double temperature, double top_p, const struct result *res,
                       int n_res) {
     json_t *runs = json_array();
     for (int i = 0; i < n_res; i++) {
         const struct result *x = &res[i];
-        json_array_append_new(runs, json_pack("{s:i, s:f, s:i, s:f, s:f, s:f, s:f, s:I}",
-                                              "batch", x->batch, "prefill_s", x->prefill_s,
-                                              "prefill_steps", x->prefill_steps, "prefill_tok_s",
-                                              prefill_tok_s(x, p), "decode_s", x->decode_s,
-                                              "decode_tok_s", decode_tok_s(x, n), "ms_per_step",
-                                              n ? 1e3 * x->decode_s / n : 0.0, "rows_read_back",
-                                              (json_int_t)x->read_back));
+        json_array_append_new(runs, json_pack("{s:i, s:f, s:i, s:f, s:f, s:f, s:f, s:I, s:f, "
+                                              "s:f}", "batch", x->batch, "prefill_s",
+                                              x->prefill_s, "prefill_steps", x->prefill_steps,
+                                              "prefill_tok_s", prefill_tok_s(x, p), "decode_s",
+                                              x->decode_s, "decode_tok_s", decode_tok_s(x, n),
+                                              "ms_per_step", per_step_ms(x->decode_s, n),
+                                              "rows_read_back", (json_int_t)x->read_back,
+                                              "draw_ms_per_step", per_step_ms(x->draw_s, n),
+                                              "read_back_ms_per_step", per_step_ms(x->read_s, n)));
     }
     json_t *doc = json_pack("{s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:o}", "model", model,
                             "kernels", kernels, "tp", tp, "prompt", p, "n_predict", n,
@@ -359,7 +375,8 @@ int cmd_bench(int argc, char **argv) {
     if (temperature > 0) printf("sampled at %g, top-p %g\n\n", temperature, top_p);
     else printf("greedy\n\n");
     printf("| batch | prefill tok/s | prefill steps | decode tok/s | ms / decode step | rows read "
-           "back |\n|---|---|---|---|---|---|\n");
+           "back | ms / step drawing | ms / step reading rows |\n"
+           "|---|---|---|---|---|---|---|---|\n");
     struct result res[MAX_SIZES];
     char *err = NULL;
     int rc = 0, done = 0;
@@ -372,9 +389,10 @@ int cmd_bench(int argc, char **argv) {
             break;
         }
         const struct result *x = &res[done];
-        printf("| %d | %.1f | %d | %.1f | %.3f | %lld |\n", x->batch, prefill_tok_s(x, p),
-               x->prefill_steps, decode_tok_s(x, n), n ? 1e3 * x->decode_s / n : 0.0,
-               (long long)x->read_back);
+        printf("| %d | %.1f | %d | %.1f | %.3f | %lld | %.3f | %.3f |\n", x->batch,
+               prefill_tok_s(x, p), x->prefill_steps, decode_tok_s(x, n),
+               per_step_ms(x->decode_s, n), (long long)x->read_back, per_step_ms(x->draw_s, n),
+               per_step_ms(x->read_s, n));
         fflush(stdout);
     }
     if (json && done &&

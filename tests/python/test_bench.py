@@ -2,8 +2,8 @@
 Timings vary; what is checked is what the command says it ran: a row and a JSON run per batch
 size in order, rates that are the tokens over the times it reports, prompts packed into steps
 of at most `batch` tokens as the server packs them, max_running raised to the largest batch,
-tensor parallelism, sampled decoding (and the rows it reads back), and one-line errors for
-bad options."""
+tensor parallelism, sampled decoding (the rows it reads back, and the host's time drawing and
+reading them), and one-line errors for bad options."""
 import json
 import os
 import subprocess
@@ -46,6 +46,7 @@ def test_rows_and_json_agree(tiny, tmp_path):
         # b prompts of 20 tokens in steps of at most 32, filled sequence by sequence
         assert x["prefill_steps"] == -(-b * 20 // 32) == int(row[2])
         assert float(row[3]) == pytest.approx(x["decode_tok_s"], abs=0.1)
+        assert x["draw_ms_per_step"] == x["read_back_ms_per_step"] == 0  # greedy: no draws
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -61,6 +62,10 @@ def test_sampled(tiny, tmp_path, tp):
     assert (doc["temperature"], doc["top_p"], doc["tp"]) == (1.5, 0.99, tp)
     back = [x["rows_read_back"] for x in doc["runs"]]
     assert all(0 <= b <= x["batch"] * 40 for b, x in zip(back, doc["runs"]))
+    # the host's time drawing, and reading rows back (within the decode's time)
+    for x in doc["runs"]:
+        assert 0 < x["draw_ms_per_step"] + x["read_back_ms_per_step"] < x["ms_per_step"]
+        assert (x["read_back_ms_per_step"] > 0) == (x["rows_read_back"] > 0)
     if tp == 1:
         assert back == [0, 0]  # plain steps: every row is on the host already
     else:
