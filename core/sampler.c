@@ -415,15 +415,19 @@ int32_t tmx_sampler_sample_rest(struct tmx_sampler *s, const struct tmx_sampler_
     const int known = t->k < t->n ? t->k : t->n;
     if (p->temperature == 0.0f || known < 1 || (p->top_k > 0 && p->top_k < t->n))
         return tmx_sampler_sample(s, logits); /* where tmx_sampler_sample_top wants the row */
-    for (int i = 0; i < known; i++) s->cand[i] = cand_make(t->x[i] / p->temperature, t->id[i]);
+    for (int i = 0; i < known; i++) {
+        if (t->id[i] < 0 || t->id[i] >= s->n_vocab || !(logits[t->id[i]] == t->x[i]))
+            return tmx_sampler_sample(s, logits); /* t is not this row's */
+        s->cand[i] = cand_make(t->x[i] / p->temperature, t->id[i]);
+    }
     const uint64_t last = s->cand[known - 1];
     int n = known;
-    for (int i = 0; i < s->n_vocab && n < s->n_vocab; i++)
+    for (int i = 0; i < s->n_vocab; i++)
         if (!isnan(logits[i]) && logits[i] != -INFINITY) {
             const uint64_t c = cand_make(logits[i] / p->temperature, i);
-            if (c > last) s->cand[n++] = c;
+            if (c > last && n++ < s->n_vocab) s->cand[n - 1] = c;
         }
-    if (n != t->n) return tmx_sampler_sample(s, logits); /* t is not this row's */
+    if (n != t->n) return tmx_sampler_sample(s, logits); /* nor is it */
     struct order o = {.cand = s->cand, .tmp = s->tmp, .prob = s->prob, .n = n, .n_known = n,
                       .n_sorted = known, .max = cand_logit(s->cand[0]), .sum = t->sum};
     return walk(s, &o);

@@ -366,6 +366,38 @@ static void test_nucleus_past_the_candidates(void **state) {
     free(cand);
 }
 
+/* tmx_sampler_sample_rest given candidates that are not the row's first (another row's, or the
+ * row's without its first) draws from the row alone, as tmx_sampler_sample does, and never
+ * writes past its scratch. */
+static void test_rest_of_another_row(void **state) {
+    (void)state;
+    enum { V = 6000, K = 256, DRAWS = 20 };
+    float *logits = malloc(V * sizeof *logits), *other = malloc(V * sizeof *other), x[K];
+    int32_t id[K];
+    struct ref_cand *cand = malloc(V * sizeof *cand);
+    assert_non_null(logits);
+    assert_non_null(other);
+    assert_non_null(cand);
+    uint64_t gen = 5;
+    fill_logits(logits, V, FLAT, &gen);
+    fill_logits(other, V, PEAKED, &gen);
+    for (int c = 0; c < 2; c++) {
+        struct tmx_sampler_top t;
+        ref_top(c ? logits : other, V, 1.0f, K, cand, x, id, &t);
+        if (c) t = (struct tmx_sampler_top){K - 1, x + 1, id + 1, t.sum, t.n};
+        struct tmx_sampler *rest = make(1.0f, 0, 1.0f, 0.0f, 3, V),
+                           *row = make(1.0f, 0, 1.0f, 0.0f, 3, V);
+        for (int d = 0; d < DRAWS; d++)
+            assert_int_equal(tmx_sampler_sample_rest(rest, &t, logits),
+                             tmx_sampler_sample(row, logits));
+        tmx_sampler_free(rest);
+        tmx_sampler_free(row);
+    }
+    free(logits);
+    free(other);
+    free(cand);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_takes_the_first_maximum),
@@ -377,6 +409,7 @@ int main(void) {
         cmocka_unit_test(test_partial_sort_draws_what_a_full_sort_draws),
         cmocka_unit_test(test_top_candidates_draw_what_the_row_draws),
         cmocka_unit_test(test_nucleus_past_the_candidates),
+        cmocka_unit_test(test_rest_of_another_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

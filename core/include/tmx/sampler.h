@@ -53,7 +53,8 @@ int32_t tmx_sampler_sample_top(struct tmx_sampler *s, const struct tmx_sampler_t
  * t came from (not modified), with the number that call took. The draw tmx_sampler_sample
  * would make, when `sum` is summed as it sums, at a fraction of its cost on a long row: the
  * first candidates are not looked for again, the softmax takes t's sum, and only the
- * candidates the walk reaches get an exp. */
+ * candidates the walk reaches get an exp. A t whose candidates or count are not the row's
+ * gets tmx_sampler_sample's draw. */
 int32_t tmx_sampler_sample_rest(struct tmx_sampler *s, const struct tmx_sampler_top *t,
                                 const float *logits);
 
