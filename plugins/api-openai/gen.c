@@ -38,7 +38,7 @@ struct choice {
     int n_tokens;
     struct utf8_dec dec;
     struct buf text;      /* the output so far, valid UTF-8, cut at a stop string */
-    size_t scanned;       /* stop strings cannot start before this */
+    struct stops_scan stop; /* where the text stands against the stop strings */
     size_t sent;          /* text[0..sent) is streamed */
     size_t tool_at;       /* where tool calls begin; SIZE_MAX: not (yet) */
     struct harmony hm;    /* job->harmony: the text read into content, reasoning and calls */
@@ -65,7 +65,7 @@ struct job {
     int n_choices, n_open, n_ended;
     int streaming;        /* the stream's head is out */
     int busy;             /* inside job code: freeing waits */
-    size_t max_stop;      /* longest stop string */
+    struct stops stops;   /* p.stop's automata */
 };
 
 static void job_maybe_free(struct job *j);
@@ -159,11 +159,8 @@ static void choice_take_token(struct job *j, struct choice *ch, const struct eve
 /* Looks for stop strings in what the last token added; a hit ends the choice there. */
 static void choice_check_stop(struct job *j, struct choice *ch) {
     if (j->p.n_stop == 0 || ch->ended) return;
-    const size_t at = text_find_any(ch->text.p, ch->text.n, ch->scanned, j->p.stop, j->p.n_stop);
-    if (at == SIZE_MAX) {
-        ch->scanned = ch->text.n >= j->max_stop ? ch->text.n - j->max_stop + 1 : 0;
-        return;
-    }
+    const size_t at = stops_feed(&j->stops, &ch->stop, ch->text.p, ch->text.n);
+    if (at == SIZE_MAX) return;
     ch->text.n = at;
     ch->text.p[at] = 0;
     choice_end(ch, "stop");
@@ -174,7 +171,7 @@ static void choice_check_stop(struct job *j, struct choice *ch) {
  * string, nor anything from the start of tool calls on. */
 static size_t choice_sendable(struct job *j, struct choice *ch) {
     size_t end = ch->text.n;
-    if (!ch->ended) end -= text_partial_suffix(ch->text.p, ch->text.n, j->p.stop, j->p.n_stop);
+    if (!ch->ended) end -= stops_pending(&j->stops, &ch->stop);
     if (j->tool_calls) {
         size_t hold = 0;
         if (ch->tool_at == SIZE_MAX)
@@ -201,7 +198,7 @@ static size_t choice_result(struct job *j, struct choice *ch, json_t **calls) {
  * stop string, which would cut it. */
 static void choice_read_harmony(struct job *j, struct choice *ch) {
     size_t n = ch->text.n;
-    if (!ch->ended) n -= text_partial_suffix(ch->text.p, ch->text.n, j->p.stop, j->p.n_stop);
+    if (!ch->ended) n -= stops_pending(&j->stops, &ch->stop);
     harmony_read(&ch->hm, ch->text.p ? ch->text.p : "", n, ch->ended);
 }
 
@@ -428,6 +425,7 @@ static void job_free(struct job *j) {
     free(j->prompts);
     free(j->n_prompt);
     free(j->echo);
+    stops_free(&j->stops);
     params_free(&j->p);
     free(j);
 }
@@ -450,8 +448,11 @@ struct job *job_new(struct conn *c, const struct job_format *fmt, struct gen_par
         j->choices = calloc((size_t)n_choices, sizeof *j->choices);
         j->n_prompt = malloc((size_t)n_prompts * sizeof *j->n_prompt);
     }
-    if (!j || !j->choices || !j->n_prompt) {
+    struct stops stops;
+    const int stops_ok = stops_init(&stops, p->stop, p->n_stop); /* p->stop moves to j->p */
+    if (!j || !j->choices || !j->n_prompt || !stops_ok) {
         if (j) free(j->choices), free(j->n_prompt), free(j);
+        stops_free(&stops);
         for (int i = 0; i < n_prompts; i++) {
             free(prompts[i]);
             if (echo) free(echo[i]);
@@ -466,6 +467,7 @@ struct job *job_new(struct conn *c, const struct job_format *fmt, struct gen_par
     j->fmt = fmt;
     j->p = *p;
     *p = (struct gen_params){0};
+    j->stops = stops;
     j->prompts = prompts;
     memcpy(j->n_prompt, n_prompt, (size_t)n_prompts * sizeof *n_prompt);
     j->n_prompts = n_prompts;
@@ -476,10 +478,6 @@ struct job *job_new(struct conn *c, const struct job_format *fmt, struct gen_par
     j->created = (long long)time(NULL);
     snprintf(j->id, sizeof j->id, "%s%016llx%08llx", fmt->id_prefix,
              (unsigned long long)api_random(a), (unsigned long long)(api_random(a) >> 32));
-    for (int i = 0; i < j->p.n_stop; i++) {
-        const size_t len = strlen(j->p.stop[i]);
-        j->max_stop = len > j->max_stop ? len : j->max_stop;
-    }
     for (int i = 0; i < n_choices; i++) {
         j->choices[i] = (struct choice){.job = j, .index = i, .prompt = i / j->p.n,
                                         .tool_at = SIZE_MAX};

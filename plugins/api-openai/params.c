@@ -13,7 +13,6 @@
 #include "api.h"
 
 #define MAX_N 128    /* choices per prompt */
-#define MAX_STOP 16  /* stop strings */
 #define MAX_BIAS 1024 /* logit_bias entries */
 
 enum tmx_status api_failf(struct api_fail *f, int status, const char *param, const char *fmt,
@@ -113,8 +112,8 @@ static enum tmx_status get_stop(const json_t *body, struct gen_params *p, struct
     if (!json_is_string(v) && !json_is_array(v))
         return api_failf(f, 400, "stop", "stop: expected a string or a list of strings, got %s",
                          type_name(v));
-    if (n > MAX_STOP)
-        return api_failf(f, 400, "stop", "stop: at most %d strings, got %zu", MAX_STOP, n);
+    if (n > STOPS_MAX)
+        return api_failf(f, 400, "stop", "stop: at most %d strings, got %zu", STOPS_MAX, n);
     p->stop = calloc(n ? n : 1, sizeof *p->stop);
     if (!p->stop) return api_failf(f, 500, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {

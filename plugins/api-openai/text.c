@@ -130,3 +130,59 @@ size_t text_partial_suffix(const char *text, size_t n, char *const *strs, int n_
     }
     return best;
 }
+
+int stops_init(struct stops *s, char *const *strs, int n) {
+    *s = (struct stops){.strs = strs};
+    s->len = calloc((size_t)(n ? n : 1), sizeof *s->len);
+    s->border = calloc((size_t)(n ? n : 1), sizeof *s->border);
+    if (!s->len || !s->border) return 0;
+    for (int i = 0; i < n; i++) {
+        const char *p = strs[i];
+        const size_t len = strlen(p);
+        size_t *b = malloc(len * sizeof *b);
+        if (!b) return 0;
+        s->len[i] = len;
+        s->border[i] = b;
+        s->n = i + 1;
+        b[0] = 0;
+        for (size_t k = 1, q = 0; k < len; k++) {
+            while (q > 0 && p[k] != p[q]) q = b[q - 1];
+            if (p[k] == p[q]) q++;
+            b[k] = q;
+        }
+    }
+    return 1;
+}
+
+void stops_free(struct stops *s) {
+    for (int i = 0; i < s->n; i++) free(s->border[i]);
+    free(s->border);
+    free(s->len);
+    *s = (struct stops){0};
+}
+
+size_t stops_feed(const struct stops *s, struct stops_scan *scan, const char *text, size_t n) {
+    size_t first = SIZE_MAX;
+    for (int i = 0; i < s->n; i++) {
+        const char *p = s->strs[i];
+        const size_t len = s->len[i], *b = s->border[i];
+        size_t q = scan->state[i];
+        for (size_t at = scan->read; at < n; at++) {
+            while (q > 0 && text[at] != p[q]) q = b[q - 1];
+            if (text[at] == p[q]) q++;
+            if (q == len) { /* a whole match ends at `at` */
+                if (at + 1 - len < first) first = at + 1 - len;
+                q = b[len - 1];
+            }
+        }
+        scan->state[i] = q;
+    }
+    scan->read = n;
+    return first;
+}
+
+size_t stops_pending(const struct stops *s, const struct stops_scan *scan) {
+    size_t most = 0;
+    for (int i = 0; i < s->n; i++) most = scan->state[i] > most ? scan->state[i] : most;
+    return most;
+}

@@ -34,12 +34,43 @@ void utf8_push(struct utf8_dec *d, const char *in, size_t n, struct buf *out);
 /* Ends the stream: a held incomplete sequence becomes U+FFFD. */
 void utf8_flush(struct utf8_dec *d, struct buf *out);
 
-/* Stop strings. text_find_any finds the earliest occurrence of any of the strings in
- * text[0..n) that starts at or after `from`; returns its offset, or SIZE_MAX. */
+/* Fixed markers (tool calls, harmony tokens). text_find_any finds the earliest occurrence of
+ * any of the strings in text[0..n) that starts at or after `from`; returns its offset, or
+ * SIZE_MAX. */
 size_t text_find_any(const char *text, size_t n, size_t from, char *const *strs, int n_strs);
 /* The length of the longest suffix of text[0..n) that is a proper prefix of one of the strings:
- * text a stream must hold back because the next token may complete a match. */
+ * text a stream must hold back because the next token may complete a match. Quadratic in the
+ * strings' lengths: for short markers, not for a request's stop strings (struct stops). */
 size_t text_partial_suffix(const char *text, size_t n, char *const *strs, int n_strs);
+
+/* A request's stop strings, searched in an output that only grows: each string's
+ * Knuth-Morris-Pratt automaton, so that the bytes a token adds cost their number whatever the
+ * strings' lengths (a client may send 16 strings of a megabyte). */
+#define STOPS_MAX 16 /* strings a request may give */
+
+struct stops {
+    int n;
+    char *const *strs; /* [n], not owned, none empty */
+    size_t *len;       /* [n] */
+    size_t **border;   /* [n][len[i]]: the longest proper border of strs[i][0..k] */
+};
+
+/* Where one output stands: its first `read` bytes went through every automaton, and state[i]
+ * is the length of the longest tail of them that begins strs[i]. Zero-initialise. */
+struct stops_scan {
+    size_t state[STOPS_MAX];
+    size_t read;
+};
+
+/* 0: out of memory (s is then empty and safe to free). n <= STOPS_MAX. */
+int stops_init(struct stops *s, char *const *strs, int n);
+void stops_free(struct stops *s);
+/* Reads text[scan->read..n): where the first of the stop strings that end there begins (the
+ * earliest start among them), or SIZE_MAX. */
+size_t stops_feed(const struct stops *s, struct stops_scan *scan, const char *text, size_t n);
+/* The longest tail of what was read that may still become a stop string: what a stream holds
+ * back. */
+size_t stops_pending(const struct stops *s, const struct stops_scan *scan);
 
 /* --- tool calls -----------------------------------------------------------------------------
  * How a model family writes function calls into its output. The front end picks the format from

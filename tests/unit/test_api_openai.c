@@ -72,6 +72,71 @@ static void test_stop_strings(void **state) {
     assert_int_equal(text_partial_suffix("abc", 3, empty, 1), 0);
 }
 
+static uint64_t splitmix(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The stop automata against the plain search, on random texts over two letters (where
+ * borders are long) fed in random pieces: the same first match, the same held-back tail. */
+static void test_stops_match_search(void **state) {
+    (void)state;
+    uint64_t rng = 7;
+    for (int round = 0; round < 2000; round++) {
+        char strs_mem[4][12];
+        char *strs[4];
+        const int n = 1 + (int)(splitmix(&rng) % 4);
+        for (int i = 0; i < n; i++) {
+            const int len = 1 + (int)(splitmix(&rng) % 11);
+            for (int k = 0; k < len; k++) strs_mem[i][k] = "ab"[splitmix(&rng) % 2];
+            strs_mem[i][len] = 0;
+            strs[i] = strs_mem[i];
+        }
+        char text[64];
+        const size_t n_text = 1 + splitmix(&rng) % 63;
+        for (size_t k = 0; k < n_text; k++) text[k] = "ab"[splitmix(&rng) % 2];
+        struct stops s;
+        assert_true(stops_init(&s, strs, n));
+        struct stops_scan scan = {0};
+        size_t fed = 0, at = SIZE_MAX, scanned = 0;
+        while (fed < n_text && at == SIZE_MAX) {
+            fed += 1 + splitmix(&rng) % 5;
+            fed = fed < n_text ? fed : n_text;
+            at = stops_feed(&s, &scan, text, fed);
+            /* the search gen.c made before: from where no earlier match can begin */
+            const size_t want = text_find_any(text, fed, scanned, strs, n);
+            assert_true(at == want);
+            size_t longest = 0;
+            for (int i = 0; i < n; i++)
+                if (strlen(strs[i]) > longest) longest = strlen(strs[i]);
+            scanned = fed + 1 >= longest ? fed + 1 - longest : 0;
+            if (at == SIZE_MAX)
+                assert_int_equal(stops_pending(&s, &scan), text_partial_suffix(text, fed, strs, n));
+        }
+        stops_free(&s);
+    }
+    /* one string of a megabyte against a text that keeps almost matching it: linear time */
+    const size_t big = 1 << 20;
+    char *stop = malloc(big + 1), *text = malloc(big);
+    memset(stop, ' ', big);
+    stop[big] = 0;
+    stop[big / 2] = 'x';
+    memset(text, ' ', big);
+    struct stops s;
+    char *strs[] = {stop};
+    assert_true(stops_init(&s, strs, 1));
+    struct stops_scan scan = {0};
+    for (size_t fed = 4096; fed <= big; fed += 4096) {
+        assert_true(stops_feed(&s, &scan, text, fed) == SIZE_MAX);
+        assert_int_equal(stops_pending(&s, &scan), fed < big / 2 ? fed : big / 2);
+    }
+    stops_free(&s);
+    free(stop);
+    free(text);
+}
+
 static void test_tool_call_start(void **state) {
     (void)state;
     size_t hold;
@@ -325,6 +390,7 @@ int main(void) {
         cmocka_unit_test(test_utf8_split_sequences),
         cmocka_unit_test(test_utf8_invalid_bytes),
         cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_stops_match_search),
         cmocka_unit_test(test_tool_call_start),
         cmocka_unit_test(test_hermes_calls),
         cmocka_unit_test(test_llama3_calls),
