@@ -38,7 +38,7 @@ struct request {
     int n_gen;
     int preempted;    /* blocks given back this step: reap returns it to the queue */
     int requeued;     /* was preempted once: its prompt is not counted again */
-    int cancelled;    /* under the lock */
+    enum tmx_finish end_as; /* under the lock: NONE, or how cancel / stop ended it */
     double t_submit, t_last;
     struct request *next;
 };
@@ -377,11 +377,11 @@ static void admit(struct tmx_serve *s) {
     }
 }
 
-static int is_cancelled(struct tmx_serve *s, const struct request *r) {
+static enum tmx_finish end_as(struct tmx_serve *s, const struct request *r) {
     pthread_mutex_lock(&s->lock);
-    const int c = r->cancelled;
+    const enum tmx_finish why = r->end_as;
     pthread_mutex_unlock(&s->lock);
-    return c;
+    return why;
 }
 
 /* Gives r's blocks back now; reap returns it to the queue. */
@@ -440,10 +440,11 @@ static void fail(struct tmx_serve *s, struct request *r, const char *msg) {
  * A request that is cancelled, finishes or fails loses its sequence (reap collects it). */
 static void step(struct tmx_serve *s) {
     int budget = s->n_batch, nb = 0, stalled = -1;
-    for (int i = 0; i < s->n_running; i++) { /* cancelled: ends before anyone waits on its blocks */
+    for (int i = 0; i < s->n_running; i++) { /* ended: before anyone waits on its blocks */
         struct request *r = s->running[i];
-        if (r->seq && is_cancelled(s, r)) {
-            finish(s, r, TMX_FINISH_ABORT, NULL);
+        const enum tmx_finish why = r->seq ? end_as(s, r) : TMX_FINISH_NONE;
+        if (why != TMX_FINISH_NONE) {
+            finish(s, r, why, NULL);
             tmx_seq_free(r->seq);
             r->seq = NULL;
         }
@@ -559,21 +560,21 @@ static void requeue(struct tmx_serve *s, struct request *r) {
     s->n_waiting++;
 }
 
-/* Drops finished and cancelled requests from the running set (those cancelled during the step
- * get ABORT here) and returns preempted ones to the queue. */
+/* Drops finished and ended requests from the running set (those cancelled or stopped during
+ * the step get their last event here) and returns preempted ones to the queue. */
 static void reap(struct tmx_serve *s, struct request **gone) {
     int kept = 0, n_gone = 0;
     pthread_mutex_lock(&s->lock);
     for (int i = 0; i < s->n_running; i++) {
         struct request *r = s->running[i];
-        if (!r->seq || r->cancelled) gone[n_gone++] = r;
+        if (!r->seq || r->end_as != TMX_FINISH_NONE) gone[n_gone++] = r;
         else if (r->preempted) requeue(s, r);
         else s->running[kept++] = r;
     }
     s->n_running = kept;
     pthread_mutex_unlock(&s->lock);
     for (int i = 0; i < n_gone; i++) {
-        if (gone[i]->seq) finish(s, gone[i], TMX_FINISH_ABORT, NULL);
+        if (gone[i]->seq) finish(s, gone[i], gone[i]->end_as, NULL); /* out of running: set */
         request_free(gone[i]);
     }
 }
@@ -824,7 +825,8 @@ enum tmx_status tmx_serve_submit(struct tmx_serve *s, const struct tmx_request_p
     return TMX_OK;
 }
 
-void tmx_serve_cancel(struct tmx_serve *s, uint64_t id) {
+/* Ends request id with `why` (ABORT or STOP), as tmx_serve_cancel says. */
+static void end_request(struct tmx_serve *s, uint64_t id, enum tmx_finish why) {
     pthread_mutex_lock(&s->lock);
     /* a waiting request leaves the queue at once; a running one at the next step */
     for (struct request **pp = &s->wait_head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next) {
@@ -834,14 +836,19 @@ void tmx_serve_cancel(struct tmx_serve *s, uint64_t id) {
         if (s->wait_tail == r) s->wait_tail = prev;
         s->n_waiting--;
         pthread_mutex_unlock(&s->lock);
-        finish(s, r, TMX_FINISH_ABORT, NULL);
+        finish(s, r, why, NULL);
         request_free(r);
         return;
     }
     for (int i = 0; i < s->n_running; i++)
-        if (s->running[i]->id == id) s->running[i]->cancelled = 1;
+        if (s->running[i]->id == id && s->running[i]->end_as == TMX_FINISH_NONE)
+            s->running[i]->end_as = why;
     pthread_mutex_unlock(&s->lock);
 }
+
+void tmx_serve_cancel(struct tmx_serve *s, uint64_t id) { end_request(s, id, TMX_FINISH_ABORT); }
+
+void tmx_serve_stop(struct tmx_serve *s, uint64_t id) { end_request(s, id, TMX_FINISH_STOP); }
 
 void tmx_serve_metrics(struct tmx_serve *s, struct tmx_serve_metrics *m) {
     pthread_mutex_lock(&s->lock);
@@ -861,6 +868,10 @@ static enum tmx_status api_tokenize(struct tmx_serve *s, const char *text, size_
 
 static const char *api_token_bytes(struct tmx_serve *s, int32_t id, size_t *len) {
     return id < s->n_vocab ? tmx_tokenizer_token_bytes(tmx_engine_tokenizer(s->e), id, len) : NULL;
+}
+
+static int api_token_special(struct tmx_serve *s, int32_t id) {
+    return tmx_tokenizer_is_special(tmx_engine_tokenizer(s->e), id);
 }
 
 static int32_t api_find_token(struct tmx_serve *s, const char *text) {
@@ -892,5 +903,7 @@ void tmx_serve_table(struct tmx_serve *s, const char *model_name, struct tmx_ser
         .n_eos = c->n_eos, .bos_id = c->bos_token_id, .submit = tmx_serve_submit,
         .cancel = tmx_serve_cancel, .metrics = tmx_serve_metrics, .tokenize = api_tokenize,
         .token_bytes = api_token_bytes, .find_token = api_find_token,
-        .chat_render = api_chat_render, .release = free};
+        .chat_render = api_chat_render, .release = free,
+        .max_requests = s->max_running + s->max_waiting, .token_special = api_token_special,
+        .stop = tmx_serve_stop};
 }

@@ -81,9 +81,12 @@ enum tmx_status tmx_chat_template_load(const char *model_dir, struct tmx_templat
         goto done;
     }
 
+    /* The template is named relative to the model (its render errors go to API clients, who
+     * need not see the server's paths); a parse error here names the whole path. */
+    char *perr = NULL;
     st = read_file(jinja_path, &src, &len, err);
     if (st == TMX_OK) {
-        st = tmx_template_parse(src, len, jinja_path, out, err);
+        st = tmx_template_parse(src, len, "chat_template.jinja", out, &perr);
     } else if (st == TMX_ERR_NOT_FOUND) {
         const char *text = config ? config_template(config) : NULL;
         if (!text) {
@@ -94,8 +97,12 @@ enum tmx_status tmx_chat_template_load(const char *model_dir, struct tmx_templat
                         model_dir);
             goto done;
         }
-        strcat(config_path, ":chat_template");
-        st = tmx_template_parse(text, strlen(text), config_path, out, err);
+        st = tmx_template_parse(text, strlen(text), "tokenizer_config.json:chat_template", out,
+                                &perr);
+    }
+    if (perr) {
+        tmx_err(err, st, "%s/%s", model_dir, perr);
+        free(perr);
     }
     if (st == TMX_OK && special) *special = json_incref(tokens);
 

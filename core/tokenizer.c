@@ -378,6 +378,10 @@ const char *tmx_tokenizer_token_bytes(const struct tmx_tokenizer *tok, int32_t i
     return tok->bytes + tok->tok[id].off;
 }
 
+int tmx_tokenizer_is_special(const struct tmx_tokenizer *tok, int32_t id) {
+    return id >= 0 && id < tok->n_vocab && (tok->tok[id].flags & TOK_SPECIAL);
+}
+
 int32_t tmx_tokenizer_find(const struct tmx_tokenizer *tok, const char *text) {
     size_t n = strlen(text);
     if (n == 0) return -1;

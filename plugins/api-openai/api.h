@@ -96,6 +96,8 @@ void sse_send(struct conn *c, json_t *event); /* steals event */
 void sse_done(struct conn *c);                /* data: [DONE], and the response ends */
 
 struct api *conn_api(const struct conn *c);
+/* What follows a prefix route's path in the request's (still percent-encoded). */
+const char *conn_path_rest(const struct conn *c, size_t *n);
 /* The job answering c's request: the connection cancels it if the client goes away. */
 void conn_set_job(struct conn *c, struct job *j);
 /* Adds token counts to the request's log line. */
@@ -108,6 +110,7 @@ void chat_handle(struct conn *c, const char *body, size_t len);        /* chat.c
 void completions_handle(struct conn *c, const char *body, size_t len); /* completions.c */
 void health_handle(struct conn *c, const char *body, size_t len);      /* info.c */
 void models_handle(struct conn *c, const char *body, size_t len);
+void model_handle(struct conn *c, const char *body, size_t len);       /* GET /v1/models/{id} */
 void tokenize_handle(struct conn *c, const char *body, size_t len);
 void detokenize_handle(struct conn *c, const char *body, size_t len);
 void metrics_handle(struct conn *c, const char *body, size_t len);     /* metrics.c */
@@ -129,8 +132,10 @@ struct gen_params {
     struct tmx_request_params req; /* sampling, penalties, logit_bias, stop ids, top_logprobs;
                                       prompt and max_tokens are filled per choice */
     int max_tokens;   /* 0: the context left after the prompt */
+    const char *max_tokens_param; /* the member that gave it: errors name what the client sent */
     int n;            /* choices per prompt */
-    int seeded;       /* `seed` was given: choice i samples with seed + i */
+    int seeded;       /* `seed` was given: the i-th choice of every prompt samples with seed + i */
+    int skip_special; /* special tokens' text is left out of the output (the default) */
     int stream, include_usage;
     int logprobs;     /* token logprobs requested */
     char **stop;      /* [n_stop] stop strings */

@@ -83,7 +83,8 @@ static enum tmx_status normalize_tool_calls(json_t *calls, int i, struct api_fai
     return TMX_OK;
 }
 
-/* A checked copy of message i, its content flattened to a string. */
+/* A checked copy of message i, its content flattened to a string; an assistant's missing
+ * content (a message of tool calls only) becomes "", which templates read without failing. */
 static enum tmx_status normalize_message(const json_t *m, int i, json_t **out,
                                          struct api_fail *f) {
     if (!json_is_object(m))
@@ -104,6 +105,8 @@ static enum tmx_status normalize_message(const json_t *m, int i, json_t **out,
     json_t *flat = NULL;
     enum tmx_status st = copy ? TMX_OK : api_failf(f, 500, NULL, "out of memory");
     if (st == TMX_OK && content) st = flatten_content(content, i, &flat, f);
+    else if (st == TMX_OK && !(flat = json_string("")))
+        st = api_failf(f, 500, NULL, "out of memory");
     if (st == TMX_OK && flat) json_object_set_new(copy, "content", flat);
     if (st == TMX_OK && calls) st = normalize_tool_calls(json_object_get(copy, "tool_calls"), i, f);
     if (st != TMX_OK) {

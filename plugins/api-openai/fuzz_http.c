@@ -67,6 +67,11 @@ static const char *fake_token_bytes(struct tmx_serve *s, int32_t id, size_t *len
     return &bytes[id];
 }
 
+static int fake_token_special(struct tmx_serve *s, int32_t id) {
+    (void)s;
+    return id == 0;
+}
+
 static int32_t fake_find_token(struct tmx_serve *s, const char *text) {
     (void)s, (void)text;
     return -1;
@@ -85,7 +90,8 @@ static const struct tmx_serve_i table = {
     .struct_size = sizeof table, .model_name = "fuzz", .max_model_len = 4096, .n_vocab = 256,
     .eos_ids = &eos, .n_eos = 1, .bos_id = -1, .submit = fake_submit, .cancel = fake_cancel,
     .metrics = fake_metrics, .tokenize = fake_tokenize, .token_bytes = fake_token_bytes,
-    .find_token = fake_find_token, .chat_render = fake_render, .release = free};
+    .find_token = fake_find_token, .chat_render = fake_render, .release = free,
+    .max_requests = 72, .token_special = fake_token_special, .stop = fake_cancel};
 
 /* --- a host table with the options' fuzzing values ---------------------------------------- */
 

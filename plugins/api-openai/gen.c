@@ -59,6 +59,7 @@ struct job {
     char **echo;          /* [n_prompts] or NULL */
     int tool_calls;       /* calls kept per choice; 0: the output is not parsed for them */
     int harmony;          /* the output is harmony messages, read through choice.hm */
+    int skip_special;     /* special tokens add no text (kept where a parser reads them) */
     char id[48];
     long long created;
     struct choice *choices; /* [n_choices] */
@@ -151,8 +152,10 @@ static void choice_take_token(struct job *j, struct choice *ch, const struct eve
         }
     }
     if (e->finish == TMX_FINISH_STOP) return; /* an end-of-sequence or stop token: no text */
+    const struct tmx_serve_i *si = j->api->si;
+    if (j->skip_special && si->token_special(si->serve, e->token)) return;
     size_t len = 0;
-    const char *bytes = j->api->si->token_bytes(j->api->si->serve, e->token, &len);
+    const char *bytes = si->token_bytes(si->serve, e->token, &len);
     if (bytes) utf8_push(&ch->dec, bytes, len, &ch->text);
 }
 
@@ -164,7 +167,7 @@ static void choice_check_stop(struct job *j, struct choice *ch) {
     ch->text.n = at;
     ch->text.p[at] = 0;
     choice_end(ch, "stop");
-    if (ch->open) j->api->si->cancel(j->api->si->serve, ch->id);
+    if (ch->open) j->api->si->stop(j->api->si->serve, ch->id);
 }
 
 /* How much of the text a stream may send now: not a tail that may still turn into a stop
@@ -474,6 +477,7 @@ struct job *job_new(struct conn *c, const struct job_format *fmt, struct gen_par
     j->echo = echo;
     j->tool_calls = tool_calls;
     j->harmony = fmt->channels && a->tools == TOOL_FORMAT_HARMONY;
+    j->skip_special = j->p.skip_special && !j->harmony && !tool_calls;
     j->n_choices = n_choices;
     j->created = (long long)time(NULL);
     snprintf(j->id, sizeof j->id, "%s%016llx%08llx", fmt->id_prefix,
@@ -490,6 +494,14 @@ struct job *job_new(struct conn *c, const struct job_format *fmt, struct gen_par
 enum tmx_status job_start(struct job *j, struct api_fail *f) {
     const struct tmx_serve_i *si = j->api->si;
     enum tmx_status st = TMX_OK;
+    if (j->n_choices > si->max_requests && j->p.n > 1)
+        st = api_failf(f, 400, "n", "n: %d prompts x n = %d choices, more than the %d requests "
+                       "this server holds at once (config keys max_running + max_waiting)",
+                       j->n_prompts, j->n_choices, si->max_requests);
+    else if (j->n_choices > si->max_requests)
+        st = api_failf(f, 400, j->fmt->prompt_param, "%s: %d prompts, more than the %d requests "
+                       "this server holds at once (config keys max_running + max_waiting)",
+                       j->fmt->prompt_param, j->n_prompts, si->max_requests);
     j->busy++;
     for (int i = 0; i < j->n_choices && st == TMX_OK; i++) {
         struct choice *ch = &j->choices[i];
@@ -498,7 +510,8 @@ enum tmx_status job_start(struct job *j, struct api_fail *f) {
         rp.n_prompt = j->n_prompt[ch->prompt];
         st = params_fit(j->api, &j->p, rp.n_prompt, j->fmt->prompt_param, &rp.max_tokens, f);
         if (st != TMX_OK) break;
-        rp.sampling.seed = j->p.seeded ? j->p.req.sampling.seed + (uint64_t)i : api_random(j->api);
+        rp.sampling.seed = j->p.seeded ? j->p.req.sampling.seed + (uint64_t)(i % j->p.n)
+                                       : api_random(j->api);
         char *err = NULL;
         st = si->submit(si->serve, &rp, gen_on_token, ch, &ch->id, &err);
         if (st == TMX_OK) {

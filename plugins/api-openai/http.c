@@ -34,6 +34,9 @@ struct conn {
     int expect_continue; /* the client waits for "100 Continue" before its body */
     const char *allow;   /* with a 405: the method the path takes */
     const char *method;  /* of the request being answered; NULL: it did not parse */
+    int head;            /* a HEAD request: responses go without their body */
+    const char *rest;    /* a prefix route's rest of the path, [n_rest], not NUL-terminated */
+    size_t n_rest;
     struct buf url, body, field, value, auth;
     int in_value;   /* the last header callback was a value */
     struct buf pending; /* bytes not yet parsed */
@@ -153,7 +156,7 @@ void http_respond(struct conn *c, int status, const char *content_type, const ch
     if (status == 429) buf_adds(&b, "Retry-After: 1\r\n");
     if (status == 405) buf_addf(&b, "Allow: %s\r\n", c->allow);
     buf_addf(&b, "Content-Length: %zu\r\n\r\n", len);
-    buf_add(&b, body, len);
+    if (!c->head) buf_add(&b, body, len);
     conn_write(c, &b);
     response_done(c);
 }
@@ -228,6 +231,11 @@ void http_stream_end(struct conn *c) {
 
 struct api *conn_api(const struct conn *c) { return c->api; }
 
+const char *conn_path_rest(const struct conn *c, size_t *n) {
+    *n = c->n_rest;
+    return c->rest;
+}
+
 void conn_set_job(struct conn *c, struct job *j) { c->job = j; }
 
 void conn_log_tokens(struct conn *c, int prompt, int completion) {
@@ -241,15 +249,17 @@ static const struct route {
     const char *path;
     enum http_method method;
     api_handler handler;
-    int open; /* served without the API key */
+    int open;   /* served without the API key */
+    int prefix; /* the path's start; the rest (conn_path_rest) names something */
 } routes[] = {
-    {"/v1/chat/completions", HTTP_POST, chat_handle, 0},
-    {"/v1/completions", HTTP_POST, completions_handle, 0},
-    {"/v1/models", HTTP_GET, models_handle, 0},
-    {"/health", HTTP_GET, health_handle, 1},
-    {"/metrics", HTTP_GET, metrics_handle, 0},
-    {"/tokenize", HTTP_POST, tokenize_handle, 0},
-    {"/detokenize", HTTP_POST, detokenize_handle, 0},
+    {"/v1/chat/completions", HTTP_POST, chat_handle, 0, 0},
+    {"/v1/completions", HTTP_POST, completions_handle, 0, 0},
+    {"/v1/models", HTTP_GET, models_handle, 0, 0},
+    {"/v1/models/", HTTP_GET, model_handle, 0, 1},
+    {"/health", HTTP_GET, health_handle, 1, 0},
+    {"/metrics", HTTP_GET, metrics_handle, 0, 0},
+    {"/tokenize", HTTP_POST, tokenize_handle, 0, 0},
+    {"/detokenize", HTTP_POST, detokenize_handle, 0, 0},
 };
 
 /* Compares without an early exit, so that timing does not reveal how much of a key matched. */
@@ -276,6 +286,7 @@ static void dispatch(struct conn *c) {
     c->state = CONN_BUSY;
     c->method = http_method_str((enum http_method)c->parser.method);
     c->keep_alive = http_should_keep_alive(&c->parser) && !c->api->stopping;
+    c->head = c->parser.method == HTTP_HEAD;
     uv_timer_stop(&c->timer);
     struct http_parser_url u;
     http_parser_url_init(&u);
@@ -290,9 +301,14 @@ static void dispatch(struct conn *c) {
     const struct route *hit = NULL;
     c->allow = NULL;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        if (strlen(routes[i].path) != plen || memcmp(routes[i].path, path, plen) != 0) continue;
+        const size_t n = strlen(routes[i].path);
+        if (routes[i].prefix ? plen <= n : plen != n) continue;
+        if (memcmp(routes[i].path, path, n) != 0) continue;
         c->allow = http_method_str(routes[i].method);
-        if (routes[i].method == method) hit = &routes[i];
+        c->rest = path + n;
+        c->n_rest = plen - n;
+        if (routes[i].method == method || (c->head && routes[i].method == HTTP_GET))
+            hit = &routes[i];
     }
     if (!c->allow) {
         http_errorf(c, 404, "%.*s: no such endpoint", (int)(plen < 200 ? plen : 200), path);
@@ -328,6 +344,7 @@ static int on_message_begin(http_parser *p) {
     buf_clear(&c->url);
     buf_clear(&c->body);
     buf_clear(&c->auth);
+    c->head = 0;
     c->expect_continue = 0;
     buf_clear(&c->field);
     buf_clear(&c->value);

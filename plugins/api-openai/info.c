@@ -1,5 +1,5 @@
-/* info.c: the small endpoints — GET /health, GET /v1/models, POST /tokenize, POST /detokenize
- * (the last two as vLLM has them). */
+/* info.c: the small endpoints — GET /health, GET /v1/models and /v1/models/{id}, POST /tokenize,
+ * POST /detokenize (the last two as vLLM has them). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,13 +10,50 @@ void health_handle(struct conn *c, const char *body, size_t len) {
     http_respond_json(c, 200, json_pack("{s:s}", "status", "ok"));
 }
 
+static json_t *model_json(const struct api *a) {
+    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:i}", "id", a->model, "object", "model", "created",
+                     (json_int_t)a->started, "owned_by", "tmx", "root", a->model,
+                     "max_model_len", a->si->max_model_len);
+}
+
 void models_handle(struct conn *c, const char *body, size_t len) {
     (void)body, (void)len;
+    http_respond_json(c, 200, json_pack("{s:s,s:[o]}", "object", "list", "data",
+                                        model_json(conn_api(c))));
+}
+
+static int hex_digit(char ch) {
+    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+         : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
+void model_handle(struct conn *c, const char *body, size_t len) {
+    (void)body, (void)len;
     const struct api *a = conn_api(c);
-    http_respond_json(c, 200, json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:s,s:i}]}", "object", "list",
-                                        "data", "id", a->model, "object", "model", "created",
-                                        (json_int_t)a->started, "owned_by", "tmx", "root",
-                                        a->model, "max_model_len", a->si->max_model_len));
+    size_t n;
+    const char *p = conn_path_rest(c, &n);
+    struct buf id = {0}; /* p percent-decoded: names may hold '/' (org/model) */
+    for (size_t i = 0; i < n; i++) {
+        char ch = p[i];
+        int hi, lo;
+        if (ch == '%' && i + 2 < n && (hi = hex_digit(p[i + 1])) >= 0 &&
+            (lo = hex_digit(p[i + 2])) >= 0) {
+            ch = (char)(hi << 4 | lo);
+            i += 2;
+        }
+        buf_add(&id, &ch, 1);
+    }
+    struct api_fail f = {0};
+    if (id.oom) {
+        api_failf(&f, 500, NULL, "out of memory");
+        http_fail(c, &f);
+    } else if (id.n == strlen(a->model) && memcmp(id.p, a->model, id.n) == 0) {
+        http_respond_json(c, 200, model_json(a));
+    } else {
+        api_failf(&f, 404, "model", "The model `%.200s` does not exist", id.p);
+        http_fail(c, &f);
+    }
+    buf_free(&id);
 }
 
 /* {"prompt": text, "add_special_tokens"?}: [bos] + the text's tokens. */

@@ -31,6 +31,9 @@ enum tmx_status body_parse(const char *body, size_t len, json_t **out, struct ap
         return api_failf(f, 400, NULL, "the request body is empty: expected a JSON object");
     json_error_t e;
     json_t *j = json_loadb(body, len, 0, &e);
+    if (!j && json_error_code(&e) == json_error_null_character)
+        return api_failf(f, 400, NULL, "invalid JSON at line %d, column %d (byte %d): strings "
+                         "may not hold the character U+0000", e.line, e.column, e.position);
     if (!j)
         return api_failf(f, 400, NULL, "invalid JSON at line %d, column %d (byte %d): %s", e.line,
                          e.column, e.position, e.text);
@@ -209,6 +212,8 @@ enum tmx_status params_parse(struct api *a, const json_t *body, enum endpoint ep
         .req = {.sampling = {.temperature = 1.0f, .top_p = 1.0f}, .repetition_penalty = 1.0f,
                 .top_logprobs = -1},
         .n = 1,
+        .max_tokens_param = "max_tokens",
+        .skip_special = 1,
     };
     json_t *model = body_get(body, "model");
     if (model && !json_is_string(model))
@@ -228,12 +233,14 @@ enum tmx_status params_parse(struct api *a, const json_t *body, enum endpoint ep
         (st = get_int(body, "seed", INT64_MIN, INT64_MAX, &seed, f)) ||
         (st = get_bool(body, "stream", &p->stream, f)) ||
         (st = get_bool(body, "ignore_eos", &p->req.ignore_eos, f)) ||
+        (st = get_bool(body, "skip_special_tokens", &p->skip_special, f)) ||
         (st = get_stop(body, p, f)) || (st = get_stop_ids(a, body, p, f)) ||
         (st = get_bias(a, body, p, f)) || (st = check_response_format(body, f)))
         return st;
     if (s->top_p == 0)
         return api_failf(f, 400, "top_p", "top_p: must be in (0, 1], got 0");
     if (ep == ENDPOINT_CHAT) {
+        if (body_get(body, "max_completion_tokens")) p->max_tokens_param = "max_completion_tokens";
         if ((st = get_int(body, "max_completion_tokens", 1, 1 << 30, &max_tokens, f)) ||
             (st = get_bool(body, "logprobs", &p->logprobs, f)) ||
             (st = get_int(body, "top_logprobs", 0, TMX_MAX_TOP_LOGPROBS, &top_lp, f)))
@@ -250,6 +257,9 @@ enum tmx_status params_parse(struct api *a, const json_t *body, enum endpoint ep
     if (so && !json_is_object(so))
         return api_failf(f, 400, "stream_options", "stream_options: expected an object, got %s",
                          type_name(so));
+    if (so && !p->stream)
+        return api_failf(f, 400, "stream_options", "stream_options: only allowed when \"stream\" "
+                         "is true");
     if (so && (st = get_bool(so, "include_usage", &p->include_usage, f))) {
         snprintf(f->param, sizeof f->param, "stream_options.include_usage");
         return st;
@@ -279,7 +289,7 @@ enum tmx_status params_fit(const struct api *a, const struct gen_params *p, int 
                          "However, your %s resulted in %d tokens, which leaves no room to "
                          "generate.", ctx, what, n_prompt);
     if (p->max_tokens > ctx - n_prompt)
-        return api_failf(f, 400, "max_tokens", "This model's maximum context length is %d "
+        return api_failf(f, 400, p->max_tokens_param, "This model's maximum context length is %d "
                          "tokens. However, you requested %d tokens (%d in the %s, %d in the "
                          "completion). Please reduce the length of the %s or completion.", ctx,
                          n_prompt + p->max_tokens, n_prompt, what, p->max_tokens, what);

@@ -52,6 +52,7 @@ class Server:
     """A `tmx serve` process on a free port; stop() checks that it shuts down cleanly."""
 
     def __init__(self, model_dir, *settings):
+        self.model_dir = model_dir
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = open(os.path.join(model_dir, "serve.log"), "w+")
@@ -197,6 +198,12 @@ def test_health_and_models(tiny):
     m = models.data[0]
     assert m.id and m.owned_by == "tmx" and m.object == "model"
     assert m.model_extra["max_model_len"] > 0
+    assert tiny.client().models.retrieve(m.id).id == m.id
+    with pytest.raises(openai.NotFoundError) as e:
+        tiny.client().models.retrieve("no-such-model")
+    assert e.value.body["param"] == "model" and "no-such-model" in e.value.message
+    status, headers, body = raw(tiny, "HEAD", "/health")
+    assert status == 200 and body == b"" and int(headers["Content-Length"]) > 0
 
 
 def test_tokenize_detokenize_round_trip(tiny):
@@ -294,6 +301,35 @@ def test_n_and_seed(tiny):
     assert [c.index for c in a.choices] == [0, 1]
     assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
     assert a.usage.completion_tokens == 16
+    # a seed is the request's: the same prompt gives the same text wherever it sits in a batch
+    kw = dict(model="m", max_tokens=8, seed=99, temperature=1.0, extra_body={"ignore_eos": True})
+    one = client.completions.create(prompt="Hello there", **kw).choices[0].text
+    two = client.completions.create(prompt=["Hi", "Hello there"], **kw).choices
+    assert two[1].text == one
+
+
+def test_more_choices_than_the_server_holds(tiny):
+    client = tiny.client()
+    with pytest.raises(openai.BadRequestError) as e:  # 8 running + 64 waiting by default
+        client.completions.create(model="m", prompt="Hi", max_tokens=1, n=73)
+    assert e.value.param == "n" and "max_waiting" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="m", prompt=["Hi"] * 64, max_tokens=1, n=2)
+    assert e.value.param == "n"
+    assert len(client.completions.create(model="m", prompt="Hi", max_tokens=1, n=72).choices) == 72
+
+
+def test_special_tokens_skipped_unless_asked(tiny):
+    with open(os.path.join(tiny.model_dir, "tokenizer.json")) as f:
+        special = {t["content"]: t["id"] for t in json.load(f)["added_tokens"] if t["special"]}
+    image = special["<|image|>"]
+    client = tiny.client()
+    kw = dict(model="m", prompt="Hi", max_tokens=3, temperature=0, logit_bias={str(image): 100})
+    r = client.completions.create(**kw, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == "" and r.usage.completion_tokens == 3
+    r = client.completions.create(**kw, extra_body={"ignore_eos": True,
+                                                    "skip_special_tokens": False})
+    assert r.choices[0].text == "<|image|>" * 3
 
 
 def test_bad_parameters_named(tiny):
@@ -308,6 +344,9 @@ def test_bad_parameters_named(tiny):
         (dict(logit_bias={"not-a-token": 1}), "logit_bias"),
         (dict(extra_body={"tool_choice": "required"}), "tool_choice"),
         (dict(max_tokens=10 ** 6), "max_tokens"),
+        (dict(max_completion_tokens=10 ** 6), "max_completion_tokens"),
+        (dict(stream_options={"include_usage": True}), "stream_options"),
+        (dict(extra_body={"skip_special_tokens": "no"}), "skip_special_tokens"),
     ]
     for kw, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
@@ -317,6 +356,17 @@ def test_bad_parameters_named(tiny):
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="m", messages=messages)
         assert e.value.param == "messages"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "\0"}])
+    assert "U+0000" in e.value.message
+
+
+def test_assistant_message_without_content(tiny):
+    client = tiny.client()
+    for assistant in ({"role": "assistant"}, {"role": "assistant", "content": None}):
+        r = client.chat.completions.create(model="m", max_tokens=2, temperature=0,
+                                           messages=[MESSAGES[1], assistant, MESSAGES[1]])
+        assert r.choices[0].finish_reason in ("length", "stop")
 
 
 def test_tools_refused_without_a_tool_format(tiny):
@@ -342,7 +392,8 @@ def test_tool_markup_held_back(hermes):
     chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw)]
     contents = [c.delta.content for c in chunks if c.delta.content]
     assert contents == ["<tool_call>" * 4]  # nothing went out before the end
-    kw.pop("tools")
+    kw.pop("tools")  # no tools: streamed as it comes (the stand-in's <tool_call> is special)
+    kw["extra_body"] = {**kw["extra_body"], "skip_special_tokens": False}
     chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw)]
     assert [c.delta.content for c in chunks if c.delta.content] == ["<tool_call>"] * 4
 
@@ -401,10 +452,13 @@ def test_harmony_control_tokens_never_leak(harmony):
     chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw)]
     assert not [c.delta.content for c in chunks if c.delta.content]
     assert chunks[-1].finish_reason == "length"
-    # completions return the output as written
-    text = client.completions.create(model="m", prompt="Hi", max_tokens=2,
-                                     logit_bias=kw["logit_bias"], **GREEDY).choices[0].text
-    assert text == "<|message|>" * 2
+    # completions return the output as written, its special tokens only when asked (as vLLM)
+    kw = dict(model="m", prompt="Hi", max_tokens=2, logit_bias=kw["logit_bias"], temperature=0)
+    text = client.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0].text
+    assert text == ""
+    text = client.completions.create(**kw, extra_body={"ignore_eos": True,
+                                                       "skip_special_tokens": False})
+    assert text.choices[0].text == "<|message|>" * 2
 
 
 def test_harmony_malformed_header_held_back(harmony):
@@ -556,16 +610,20 @@ def test_fuzzed_requests_keep_the_server_up(tiny):
     assert r.choices[0].finish_reason == "length"
 
 
-def test_metrics(tiny):
-    tiny.client().completions.create(model="m", prompt="We the People", max_tokens=3, **GREEDY)
-    status, headers, body = raw(tiny, "GET", "/metrics")
-    text = body.decode()
+def metric_values(server):
+    status, headers, body = raw(server, "GET", "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
     values = {}
-    for line in text.splitlines():
+    for line in body.decode().splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             values[name] = float(value)
+    return values
+
+
+def test_metrics(tiny):
+    tiny.client().completions.create(model="m", prompt="We the People", max_tokens=3, **GREEDY)
+    values = metric_values(tiny)
     model = tiny.client().models.list().data[0].id
     label = f'{{model_name="{model}"}}'
     assert values["tmx:prompt_tokens_total" + label] > 0
@@ -579,6 +637,20 @@ def test_metrics(tiny):
     for name in ("kv_cache_usage_perc", "num_requests_waiting", "prefix_cache_queries_total",
                  "prefix_cache_hits_total", "inter_token_latency_seconds_sum"):
         assert "tmx:" + name + label in values
+    # a stop string ends the request as stopped, not aborted
+    full = tiny.client().completions.create(model="m", prompt="We the People", max_tokens=16,
+                                            **GREEDY).choices[0].text
+    stop, _ = printable_stop(full)
+    reason = f'tmx:request_success_total{{model_name="{model}",finished_reason="%s"}}'
+    before = metric_values(tiny)
+    r = tiny.client().completions.create(model="m", prompt="We the People", max_tokens=16,
+                                         stop=stop, **GREEDY)
+    assert r.choices[0].finish_reason == "stop"
+    deadline = time.monotonic() + 10  # the scheduler counts it within a step
+    while metric_values(tiny)[reason % "stop"] == before[reason % "stop"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert metric_values(tiny)[reason % "abort"] == before[reason % "abort"]
 
 
 # --- the strict server: key, queue bound, cancellation, timeouts ------------------------------

@@ -33,7 +33,7 @@
 #include "tmx/tensor.h"
 
 #define TMX_ABI_MAJOR 2
-#define TMX_ABI_MINOR 7
+#define TMX_ABI_MINOR 8
 
 #define TMX_PLUGIN_EXPORT __attribute__((visibility("default")))
 

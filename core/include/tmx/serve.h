@@ -24,7 +24,8 @@ struct tmx_serve;
 enum tmx_finish {
     TMX_FINISH_NONE = 0, /* more tokens follow */
     TMX_FINISH_LENGTH,   /* max_tokens reached, or the context is full */
-    TMX_FINISH_STOP,     /* an end-of-sequence or stop token was generated (it is reported) */
+    TMX_FINISH_STOP,     /* an end-of-sequence or stop token was generated (it is reported),
+                            or tmx_serve_stop ended it (no token) */
     TMX_FINISH_ABORT,    /* cancelled */
     TMX_FINISH_ERROR,    /* the engine failed; `error` says why */
 };
@@ -94,6 +95,9 @@ enum tmx_status tmx_serve_submit(struct tmx_serve *s, const struct tmx_request_p
  * request's ABORT event is delivered at once, on the caller's thread. Unknown or finished ids
  * are ignored. */
 void tmx_serve_cancel(struct tmx_serve *s, uint64_t id);
+/* As cancel, for a request the front end ends because its text reached a stop string: its last
+ * event, without a token, and the metrics say STOP. */
+void tmx_serve_stop(struct tmx_serve *s, uint64_t id);
 void tmx_serve_metrics(struct tmx_serve *s, struct tmx_serve_metrics *m);
 
 /* --- what an api plugin gets ----------------------------------------------------------------
@@ -125,6 +129,12 @@ struct tmx_serve_i {
     enum tmx_status (*chat_render)(struct tmx_serve *s, const json_t *context, char **text,
                                    size_t *len, char **err);
     void (*release)(void *p);
+    /* ABI 2.8 */
+    int max_requests; /* requests running and waiting at most (config keys max_running +
+                         max_waiting): one HTTP request of more choices can never be taken */
+    int (*token_special)(struct tmx_serve *s, int32_t id); /* a special token's text is left
+                                                              out by default */
+    void (*stop)(struct tmx_serve *s, uint64_t id); /* tmx_serve_stop */
 };
 
 /* Fills the table for s; model_name must outlive it. */

@@ -48,7 +48,8 @@ enum tmx_status tmx_template_render(const struct tmx_template *t, const json_t *
  * which the one named "default" is taken). A directory without one is TMX_ERR_NOT_FOUND. If
  * special is non-NULL, *special becomes a new JSON object (caller decrefs) holding the
  * "bos_token" and "eos_token" strings that tokenizer_config.json defines (as a string or as
- * {"content": ...}; absent ones are left out), to be merged into the render context. */
+ * {"content": ...}; absent ones are left out), to be merged into the render context. The
+ * template's render errors name it relative to model_dir ("chat_template.jinja:2:7: ..."). */
 enum tmx_status tmx_chat_template_load(const char *model_dir, struct tmx_template **out,
                                        json_t **special, char **err);
 

@@ -34,6 +34,10 @@ enum tmx_status tmx_tokenizer_encode(const struct tmx_tokenizer *tok, const char
 /* The bytes of one token (not NUL-terminated: see *len), or NULL for an id out of range. */
 const char *tmx_tokenizer_token_bytes(const struct tmx_tokenizer *tok, int32_t id, size_t *len);
 
+/* Whether id is a special token (an added token tokenizer.json marks "special", or one of
+ * .tiktoken's): what outputs leave out of their text by default. 0 for an id out of range. */
+int tmx_tokenizer_is_special(const struct tmx_tokenizer *tok, int32_t id);
+
 /* Id of a token given its exact text (e.g. "<|endoftext|>"), or -1. */
 int32_t tmx_tokenizer_find(const struct tmx_tokenizer *tok, const char *text);
 
