@@ -198,7 +198,7 @@ static enum tmx_status check_unsupported(const json_t *body, const struct gen_pa
     if (suffix && (!json_is_string(suffix) || json_string_length(suffix) > 0))
         return api_failf(f, 400, "suffix", "suffix is not supported");
     json_t *best_of = body_get(body, "best_of");
-    if (best_of && (!json_is_integer(best_of) || json_integer_value(best_of) != p->n))
+    if (best_of && (!json_is_number(best_of) || json_number_value(best_of) != p->n))
         return api_failf(f, 400, "best_of", "best_of is not supported (it must equal n)");
     return TMX_OK;
 }

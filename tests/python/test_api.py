@@ -317,6 +317,8 @@ def test_more_choices_than_the_server_holds(tiny):
         client.completions.create(model="m", prompt=["Hi"] * 64, max_tokens=1, n=2)
     assert e.value.param == "n"
     assert len(client.completions.create(model="m", prompt="Hi", max_tokens=1, n=72).choices) == 72
+    r = client.completions.create(model="m", prompt="Hi", max_tokens=1, n=2, best_of=2.0)
+    assert len(r.choices) == 2
 
 
 def test_special_tokens_skipped_unless_asked(tiny):
