@@ -70,6 +70,18 @@ static enum tmx_status verify_build(const char *dir, const struct tmx_config *cf
     return tmx_manifest_verify(dir, tmx_config_bool(cfg, "verify"), err);
 }
 
+/* Every tokenizer id must index the model's embedding rows; checked once both are read, so that
+ * an id the model lacks is named here rather than failing a step that meets it. */
+static enum tmx_status check_vocab(const char *dir, const char *tok_path,
+                                   const struct tmx_tokenizer *tok, char **err) {
+    struct tmx_model_config mc;
+    enum tmx_status st = tmx_model_config_load(dir, &mc, err);
+    const int n_tok = tmx_tokenizer_n_vocab(tok);
+    if (st != TMX_OK || n_tok <= mc.vocab_size) return st;
+    return tmx_err(err, TMX_ERR_INVALID, "%s: token id %d is not below the model's vocab_size "
+                   "(%d, %s/config.json)", tok_path, n_tok - 1, mc.vocab_size, dir);
+}
+
 static int n_ctx_of(const struct tmx_config *cfg, const struct tmx_model *m) {
     const int64_t want = tmx_config_int(cfg, "context");
     const int max = tmx_model_cfg(m)->max_position_embeddings;
@@ -303,6 +315,7 @@ enum tmx_status tmx_engine_open(const char *model_dir, const char *config_path, 
         char path[4096];
         snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
         st = tmx_tokenizer_load(path, &e->tok, err);
+        if (st == TMX_OK) st = check_vocab(model_dir, path, e->tok, err);
     }
     if (e->mpi && e->ranks) { /* the processes learn whether all of them got this far */
         struct rank *r = &e->ranks[0];

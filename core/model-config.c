@@ -32,6 +32,29 @@ static enum tmx_status get_num(json_t *o, const char *key, double *out, const ch
     return TMX_OK;
 }
 
+/* A number that must be above 0, or with zero_ok at least 0 (rms_norm_eps: transformers takes 0).
+ * JSON has no NaN or infinity and jansson refuses a number that overflows, so it is finite. */
+static enum tmx_status get_positive(json_t *o, const char *key, int zero_ok, double *out,
+                                    const char *path, char **err) {
+    double v = 0;
+    enum tmx_status st = get_num(o, key, &v, path, err);
+    json_t *j = json_object_get(o, key);
+    if (st != TMX_OK || !j || json_is_null(j)) return st;
+    if (zero_ok ? v < 0 : v <= 0)
+        return tmx_err(err, TMX_ERR_INVALID, "%s: field \"%s\" must be %s 0, got %g", path, key,
+                       zero_ok ? ">=" : ">", v);
+    *out = v;
+    return TMX_OK;
+}
+
+/* A token id that must be below vocab_size (read before it). */
+static enum tmx_status check_id(const struct tmx_model_config *c, const char *key, long long id,
+                                const char *path, char **err) {
+    if (id >= 0 && id < c->vocab_size) return TMX_OK;
+    return tmx_err(err, TMX_ERR_INVALID, "%s: field \"%s\": %lld is not a token id below "
+                   "vocab_size (%d)", path, key, id, c->vocab_size);
+}
+
 static enum tmx_status get_bool(json_t *o, const char *key, int *out, const char *path,
                                 char **err) {
     json_t *v = json_object_get(o, key);
@@ -151,6 +174,8 @@ static enum tmx_status parse_eos(json_t *root, struct tmx_model_config *c, const
         if (!json_is_integer(e))
             return tmx_err(err, TMX_ERR_INVALID, "%s: field \"eos_token_id\" must be an integer "
                            "or a list of integers", path);
+        enum tmx_status st = check_id(c, "eos_token_id", json_integer_value(e), path, err);
+        if (st != TMX_OK) return st;
         if (!add_eos(c, (int)json_integer_value(e)))
             return tmx_err(err, TMX_ERR_INVALID, "%s: more than %d end-of-sequence ids", path,
                            TMX_MAX_EOS);
@@ -180,6 +205,9 @@ static enum tmx_status parse_generation_config(const char *dir, struct tmx_model
 
 /* The checks that make the graph's shapes consistent, so the forward pass can trust them. */
 static enum tmx_status check(const struct tmx_model_config *c, const char *path, char **err) {
+    if (c->max_position_embeddings < 1)
+        return tmx_err(err, TMX_ERR_INVALID, "%s: field \"max_position_embeddings\" must be at "
+                       "least 1", path);
     if (c->n_layers < 1 || c->n_layers > TMX_MAX_LAYERS)
         return tmx_err(err, TMX_ERR_INVALID, "%s: num_hidden_layers must be 1..%d", path,
                        TMX_MAX_LAYERS);
@@ -244,11 +272,11 @@ static enum tmx_status parse(json_t *root, struct tmx_model_config *c, const cha
         (st = get_int(root, "num_key_value_heads", 0, &c->n_kv_heads, path, err)) ||
         (st = get_int(root, "head_dim", 0, &c->head_dim, path, err)) ||
         (st = get_int(root, "sliding_window", 0, &c->sliding_window, path, err)) ||
-        (st = get_num(root, "rope_theta", &c->rope_theta, path, err)) ||
-        (st = get_num(root, "rope_local_theta", &c->rope_local_theta, path, err)) ||
+        (st = get_positive(root, "rope_theta", 0, &c->rope_theta, path, err)) ||
+        (st = get_positive(root, "rope_local_theta", 0, &c->rope_local_theta, path, err)) ||
         (st = get_int(root, "max_position_embeddings", 0, &c->max_position_embeddings, path,
                       err)) ||
-        (st = get_num(root, "rms_norm_eps", &c->rms_norm_eps, path, err)) ||
+        (st = get_positive(root, "rms_norm_eps", 1, &c->rms_norm_eps, path, err)) ||
         (st = get_bool(root, "tie_word_embeddings", &c->tie_word_embeddings, path, err)) ||
         (st = get_int(root, "intermediate_size", 0, &c->intermediate_size, path, err)) ||
         (st = get_int(root, "n_routed_experts", 0, &c->n_routed_experts, path, err)) ||
@@ -262,6 +290,8 @@ static enum tmx_status parse(json_t *root, struct tmx_model_config *c, const cha
         (st = get_bool(root, "residual_gates", &c->residual_gates, path, err)) ||
         (st = get_int(root, "bos_token_id", 0, &c->bos_token_id, path, err)) ||
         (st = parse_eos(root, c, path, err)) || (st = parse_rope_scaling(root, c, path, err)))
+        return st;
+    if (c->bos_token_id >= 0 && (st = check_id(c, "bos_token_id", c->bos_token_id, path, err)))
         return st;
     if (c->n_kv_heads < 0) c->n_kv_heads = c->n_heads;
     if (c->head_dim < 0) c->head_dim = c->n_heads ? c->hidden / c->n_heads : 0;

@@ -121,6 +121,18 @@ static enum tmx_status cut_weight(struct tmx_model *m, const char *name, const s
     return TMX_OK;
 }
 
+#define SHAPE_STR (TMX_MAX_DIMS * 22 + 3)
+
+/* "[d0, d1, ...]" of every dimension, into buf[SHAPE_STR]. */
+static const char *shape_str(char *buf, const int64_t *shape, int ndim) {
+    int n = snprintf(buf, SHAPE_STR, "[");
+    for (int i = 0; i < ndim && i < TMX_MAX_DIMS; i++)
+        n += snprintf(buf + n, SHAPE_STR - (size_t)n, "%s%lld", i ? ", " : "",
+                      (long long)shape[i]);
+    snprintf(buf + n, SHAPE_STR - (size_t)n, "]");
+    return buf;
+}
+
 #define BIND_OPTIONAL 1u /* a missing tensor leaves dev->data NULL */
 #define BIND_MATMUL 2u   /* a weight of the matmul op: MXFP8 stays MXFP8 where the set takes it */
 
@@ -139,12 +151,13 @@ static enum tmx_status bind_cut(struct tmx_model *m, const struct tmx_checkpoint
                         : tmx_err(err, TMX_ERR_NOT_FOUND, "%s: tensor %s is missing",
                                   tmx_checkpoint_dir(ck), name);
     int ndim = d1 >= 0 ? 2 : 1;
-    if (host.ndim != ndim || host.shape[0] != d0 || (ndim == 2 && host.shape[1] != d1))
-        return tmx_err(err, TMX_ERR_INVALID,
-                       "%s: tensor %s has shape [%lld%s%lld], config.json implies [%lld%s%lld]",
-                       tmx_checkpoint_dir(ck), name, (long long)host.shape[0],
-                       host.ndim > 1 ? ", " : "", host.ndim > 1 ? (long long)host.shape[1] : 0LL,
-                       (long long)d0, ndim > 1 ? ", " : "", ndim > 1 ? (long long)d1 : 0LL);
+    if (host.ndim != ndim || host.shape[0] != d0 || (ndim == 2 && host.shape[1] != d1)) {
+        const int64_t want[2] = {d0, d1};
+        char has[SHAPE_STR], implied[SHAPE_STR];
+        return tmx_err(err, TMX_ERR_INVALID, "%s: tensor %s has shape %s, config.json implies %s",
+                       tmx_checkpoint_dir(ck), name, shape_str(has, host.shape, host.ndim),
+                       shape_str(implied, want, ndim));
+    }
     /* sets built before ABI 2.2 do not know the dtype: they get BF16 without being asked */
     const int mm = (flags & BIND_MATMUL) && mxfp8_cuts(cut) && m->k->plugin->abi_minor >= 2;
     if (host.dtype == TMX_DTYPE_F8_E4M3) {

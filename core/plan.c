@@ -146,6 +146,7 @@ struct acc {
     struct tmx_plan *p;
     int tp;
     int block;                     /* the codec's block scale width */
+    uint64_t copies;               /* identical tensors each one accounted stands for */
 };
 
 /* Rank 0's share of `len` elements cut into slices of `unit`: the first ranks get one slice
@@ -158,19 +159,20 @@ static int64_t rank_extent(int64_t len, int64_t unit, int tp) {
 /* Adds `bytes` of device memory to a part; len > 0: sharded along an axis of len elements. */
 static void add(struct acc *a, enum tmx_plan_part part, uint64_t bytes, int64_t len,
                 int64_t unit) {
-    a->p->part_model[part] += bytes;
+    a->p->part_model[part] += bytes * a->copies;
     a->p->part_rank[part] +=
-        len > 0 ? bytes / (uint64_t)len * (uint64_t)rank_extent(len, unit, a->tp) : bytes;
+        (len > 0 ? bytes / (uint64_t)len * (uint64_t)rank_extent(len, unit, a->tp) : bytes) *
+        a->copies;
 }
 
 static void add_file(struct acc *a, const struct tmx_tensor *t) {
-    a->p->n_tensors++;
-    a->p->file_bytes += tmx_tensor_nbytes(t);
+    a->p->n_tensors += (int64_t)a->copies;
+    a->p->file_bytes += tmx_tensor_nbytes(t) * a->copies;
 }
 
 static void unused(struct acc *a, const struct tmx_tensor *t) {
-    a->p->n_unused++;
-    a->p->unused_bytes += tmx_tensor_nbytes(t);
+    a->p->n_unused += (int64_t)a->copies;
+    a->p->unused_bytes += tmx_tensor_nbytes(t) * a->copies;
 }
 
 /* Where a model-shard tensor goes: its part, and the axis length and slice unit it is sharded
@@ -407,9 +409,13 @@ static void vlayer_moe(struct acc *a, const char *pre, const struct tmx_model_co
         snprintf(name, sizeof name, "%smlp.shared_experts.down_proj.weight", pre);
         vt(a, name, TMX_DTYPE_BF16, D, shared, 0);
     }
+    /* Every expert, and every full experts/ file, is alike: one of each is accounted for all,
+     * as a loop over up to 2^30 experts (config.json allows) would take minutes. */
     if (strcmp(q->codec, "bf16") != 0) {
-        for (int64_t first = 0; first < E; first += q->per_file)
-            vexperts_file(a, c, q, E - first < q->per_file ? E - first : q->per_file);
+        a->copies = (uint64_t)(E / q->per_file);
+        if (a->copies) vexperts_file(a, c, q, q->per_file);
+        a->copies = 1;
+        if (E % q->per_file) vexperts_file(a, c, q, E % q->per_file);
         const int64_t signs[3] = {lat / 8, inter / 8, lat / 8}; /* coupled/ (§10.3) */
         for (int i = 0; i < 3; i++) {
             const struct tmx_tensor t = {TMX_DTYPE_U8, 1, {signs[i]}, NULL};
@@ -419,12 +425,12 @@ static void vlayer_moe(struct acc *a, const char *pre, const struct tmx_model_co
         return;
     }
     static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
-    for (int64_t e = 0; e < E; e++)
-        for (int p = 0; p < 3; p++) {
-            snprintf(name, sizeof name, "%smlp.experts.%lld.%s.weight", pre, (long long)e,
-                     proj[p]);
-            vt(a, name, TMX_DTYPE_BF16, p < 2 ? inter : lat, p < 2 ? lat : inter, 0);
-        }
+    a->copies = (uint64_t)E;
+    for (int p = 0; p < 3; p++) {
+        snprintf(name, sizeof name, "%smlp.experts.0.%s.weight", pre, proj[p]);
+        vt(a, name, TMX_DTYPE_BF16, p < 2 ? inter : lat, p < 2 ? lat : inter, 0);
+    }
+    a->copies = 1;
 }
 
 /* q_norm/k_norm are optional in docs/model.md; a Muse model is taken to have them. */
@@ -645,7 +651,7 @@ static enum tmx_status weights(const char *dir, struct tmx_plan *p, char **err) 
         (c->moe_latent_size % 128 || c->moe_intermediate_size % 128))
         return tmx_err(err, TMX_ERR_INVALID, "%s/config.json: %s needs moe_latent_size and "
                        "moe_intermediate_size that are multiples of 128", dir, q.codec);
-    struct acc a = {.p = p, .tp = p->opt.tp, .block = q.block ? q.block : 32};
+    struct acc a = {.p = p, .tp = p->opt.tp, .block = q.block ? q.block : 32, .copies = 1};
     if (p->opt.virtual_model) weights_virtual(&a, &p->cfg, &q);
     else if ((st = weights_from_files(&a, dir, &q, err)) != TMX_OK) return st;
     for (int i = 0; i < TMX_PLAN_N_PARTS; i++) {

@@ -53,28 +53,6 @@ static int parse_sizes(const char *arg, int *sizes, int *n) {
     return *n ? 0 : (fprintf(stderr, "tmx bench: --batch is empty\n"), -1);
 }
 
-static int parse_count(const char *name, const char *arg, int lo, int *out) {
-    char *end;
-    long v = strtol(arg, &end, 10);
-    if (end == arg || *end || v < lo || v > 1 << 20) {
-        fprintf(stderr, "tmx bench: --%s expects an integer >= %d, got \"%s\"\n", name, lo, arg);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
-static int parse_real(const char *name, const char *arg, double lo, double hi, double *out) {
-    char *end;
-    *out = strtod(arg, &end);
-    if (end == arg || *end || !(*out >= lo && *out <= hi)) {
-        fprintf(stderr, "tmx bench: --%s expects a number in [%g, %g], got \"%s\"\n", name, lo,
-                hi, arg);
-        return -1;
-    }
-    return 0;
-}
-
 struct result {
     int batch;
     double prefill_s, decode_s; /* wall time of the prefill steps and of the decode steps */
@@ -314,7 +292,8 @@ int cmd_bench(int argc, char **argv) {
         {"help", no_argument, 0, 'h'}, CLI_TP_LONGOPT, CLI_ENGINE_LONGOPTS, {0, 0, 0, 0}};
     struct cli_engine_opts eo = {0};
     char tp_set[32], running_set[48];
-    int sizes[MAX_SIZES] = {1, 8, 32}, n_sizes = 3, p = 128, n = 128, c, r = 0;
+    int sizes[MAX_SIZES] = {1, 8, 32}, n_sizes = 3, c, r = 0;
+    long long prompt = 128, n_predict = 128;
     const char *json = NULL;
     double temperature = 0, top_p = 1;
     while ((c = getopt_long(argc, argv, "b:p:n:h" CLI_ENGINE_SHORTOPTS, longopts, NULL)) != -1) {
@@ -324,11 +303,11 @@ int cmd_bench(int argc, char **argv) {
         }
         switch (c) {
         case 'b': r = parse_sizes(optarg, sizes, &n_sizes); break;
-        case 'p': r = parse_count("prompt", optarg, 1, &p); break;
-        case 'n': r = parse_count("n-predict", optarg, 0, &n); break;
+        case 'p': r = cli_parse_int("bench", "prompt", optarg, 1, 1 << 20, &prompt); break;
+        case 'n': r = cli_parse_int("bench", "n-predict", optarg, 0, 1 << 20, &n_predict); break;
         case 'J': json = optarg; break;
-        case 'T': r = parse_real("temperature", optarg, 0, 100, &temperature); break;
-        case 'P': r = parse_real("top-p", optarg, 1e-6, 1, &top_p); break;
+        case 'T': r = cli_parse_real("bench", "temperature", optarg, 0, 100, &temperature); break;
+        case 'P': r = cli_parse_real("bench", "top-p", optarg, 1e-6, 1, &top_p); break;
         case CLI_TP_OPT: r = cli_tp_opt(&eo, tp_set, sizeof tp_set, optarg); break;
         case 'h': fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return 2;
@@ -339,6 +318,7 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "tmx bench: unexpected argument \"%s\"\n%s", argv[optind], usage);
         return 2;
     }
+    const int p = (int)prompt, n = (int)n_predict;
     /* Room for the largest batch: max_running first, so that a --set of it still wins. */
     int most = 0;
     for (int i = 0; i < n_sizes; i++) most = sizes[i] > most ? sizes[i] : most;

@@ -36,6 +36,14 @@ struct tmx_engine *cli_engine_open(const struct cli_engine_opts *o, const char *
 /* Prints "tmx <cmd>: <msg>" to stderr and frees msg. Returns 1 (the exit code). */
 int cli_fail(const char *cmd, char *msg);
 
+/* Option --name of `tmx cmd`: a whole base-10 integer in [lo, hi] (cli_parse_int) or a finite
+ * number in [lo, hi] (cli_parse_real) into *out; otherwise prints one line naming the option
+ * and returns -1. */
+int cli_parse_int(const char *cmd, const char *name, const char *arg, long long lo, long long hi,
+                  long long *out);
+int cli_parse_real(const char *cmd, const char *name, const char *arg, double lo, double hi,
+                   double *out);
+
 /* --tp N, for the commands that run a model (tmx generate, tmx serve): same as --set tp=N.
  * cli_tp_opt writes the assignment into buf (which must outlive the options) and adds it. */
 #define CLI_TP_OPT 0x7470 /* getopt value of --tp, outside the short options */

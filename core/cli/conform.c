@@ -76,17 +76,14 @@ static int parse_args(int argc, char **argv, struct conform_opts *o) {
         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "k:f:j:r:c:t:h", longopts, NULL)) != -1) {
-        char *end;
+        long long repeat;
         switch (c) {
         case 'k': o->kernels = optarg; break;
         case 'f': o->filter = optarg; break;
         case 'j': o->json = optarg; break;
         case 'r':
-            o->repeat = strtol(optarg, &end, 10);
-            if (*end || o->repeat < 0 || o->repeat > 1000000) {
-                fprintf(stderr, "tmx conform: --repeat expects 0 to 1000000, got \"%s\"\n", optarg);
-                return 2;
-            }
+            if (cli_parse_int("conform", "repeat", optarg, 0, 1000000, &repeat) < 0) return 2;
+            o->repeat = repeat;
             break;
         case 'h': fputs(usage, stdout); return 0;
         default:

@@ -1,6 +1,7 @@
 /* generate.c: `tmx generate` — tokenize a prompt, prefill it, then sample and print tokens as
  * they come; the last line reports tokens/s. Under mpirun the processes of ranks 1..N-1 only
  * follow rank 0's steps and print nothing. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,21 +21,12 @@ static const char usage[] =
     "      --no-bos           do not prepend the model's bos_token_id\n" CLI_TP_USAGE
     CLI_ENGINE_USAGE;
 
+static const char cmd[] = "generate";
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Parses a number option, naming it on error. */
-static int parse_num(const char *name, const char *arg, double *out) {
-    char *end;
-    *out = strtod(arg, &end);
-    if (end == arg || *end) {
-        fprintf(stderr, "tmx generate: --%s expects a number, got \"%s\"\n", name, arg);
-        return -1;
-    }
-    return 0;
 }
 
 /* Feeds `next` to seq and picks the token after it where the logits are when the model can:
@@ -74,7 +66,8 @@ int cmd_generate(int argc, char **argv) {
     struct cli_engine_opts eo = {0};
     char tp_set[32];
     const char *prompt = NULL;
-    double n_predict = 64, temperature = 0, top_k = 0, top_p = 1, min_p = 0, seed = -2;
+    double temperature = 0, top_p = 1, min_p = 0;
+    long long n_predict = 64, top_k = 0, seed = -2; /* seed -2: the config's */
     int bos = 1, c, r;
     while ((c = getopt_long(argc, argv, "p:n:h" CLI_ENGINE_SHORTOPTS, longopts, NULL)) != -1) {
         if ((r = cli_engine_opt(&eo, c, optarg)) != 0) {
@@ -83,12 +76,12 @@ int cmd_generate(int argc, char **argv) {
         }
         switch (c) {
         case 'p': prompt = optarg; break;
-        case 'n': r = parse_num("n-predict", optarg, &n_predict); break;
-        case 'T': r = parse_num("temperature", optarg, &temperature); break;
-        case 'K': r = parse_num("top-k", optarg, &top_k); break;
-        case 'P': r = parse_num("top-p", optarg, &top_p); break;
-        case 'M': r = parse_num("min-p", optarg, &min_p); break;
-        case 's': r = parse_num("seed", optarg, &seed); break;
+        case 'n': r = cli_parse_int(cmd, "n-predict", optarg, 0, INT_MAX, &n_predict); break;
+        case 'T': r = cli_parse_real(cmd, "temperature", optarg, 0, 100, &temperature); break;
+        case 'K': r = cli_parse_int(cmd, "top-k", optarg, 0, INT_MAX, &top_k); break;
+        case 'P': r = cli_parse_real(cmd, "top-p", optarg, 1e-6, 1, &top_p); break;
+        case 'M': r = cli_parse_real(cmd, "min-p", optarg, 0, 1, &min_p); break;
+        case 's': r = cli_parse_int(cmd, "seed", optarg, -1, LLONG_MAX, &seed); break;
         case 'B': bos = 0; break;
         case CLI_TP_OPT: r = cli_tp_opt(&eo, tp_set, sizeof tp_set, optarg); break;
         case 'h': fputs(usage, stdout); return 0;
@@ -101,10 +94,6 @@ int cmd_generate(int argc, char **argv) {
                 "--prompt TEXT is required", usage);
         return 2;
     }
-    if (n_predict < 0) {
-        fprintf(stderr, "tmx generate: --n-predict must be >= 0\n");
-        return 2;
-    }
     struct tmx_engine *e = cli_engine_open(&eo, "generate");
     if (!e) return 1;
     if (tmx_engine_rank(e) != 0) return cli_follow(e, "generate");
@@ -112,8 +101,8 @@ int cmd_generate(int argc, char **argv) {
     const struct tmx_tokenizer *tok = tmx_engine_tokenizer(e);
     const struct tmx_model_config *mc = tmx_model_cfg(tmx_engine_model(e));
     const int n_vocab = tmx_engine_n_vocab(e);
-    if (seed == -2) seed = (double)tmx_config_int(tmx_engine_config(e), "seed");
-    if (seed < 0) seed = (double)time(NULL);
+    if (seed == -2) seed = tmx_config_int(tmx_engine_config(e), "seed");
+    if (seed < 0) seed = (long long)time(NULL);
     struct tmx_sampler_params sp = {(float)temperature, (int)top_k, (float)top_p, (float)min_p,
                                     (uint64_t)seed};
     struct tmx_sampler *sampler = NULL;
@@ -121,6 +110,8 @@ int cmd_generate(int argc, char **argv) {
     int32_t *ids = NULL, *prompt_ids = NULL;
     size_t n_ids = 0;
     float *logits = NULL;
+    size_t piece_cap = 64; /* grown to fit each token printed: a token's bytes may be any length */
+    char *piece = NULL;
     char *err = NULL;
     int rc = 1;
 
@@ -131,7 +122,8 @@ int cmd_generate(int argc, char **argv) {
         const int with_bos = bos && mc->bos_token_id >= 0;
         ids = malloc((n_ids + 1) * sizeof *ids);
         logits = malloc((size_t)mc->vocab_size * sizeof *logits);
-        if (!ids || !logits) st = tmx_err(&err, TMX_ERR_NOMEM, "out of memory");
+        piece = malloc(piece_cap);
+        if (!ids || !logits || !piece) st = tmx_err(&err, TMX_ERR_NOMEM, "out of memory");
         else {
             if (with_bos) ids[0] = mc->bos_token_id;
             memcpy(ids + with_bos, prompt_ids, n_ids * sizeof *ids);
@@ -156,7 +148,6 @@ int cmd_generate(int argc, char **argv) {
     /* decode */
     int n_gen = 0;
     struct tmx_detok detok = {0};
-    char piece[1024];
     int32_t pending = -1; /* the step's pick where the logits are, or -1: sample from logits */
     while (st == TMX_OK && n_gen < (int)n_predict) {
         const int32_t next = pending >= 0 ? pending : tmx_sampler_sample(sampler, logits);
@@ -165,8 +156,17 @@ int cmd_generate(int argc, char **argv) {
         for (int i = 0; i < mc->n_eos; i++) eos |= next == mc->eos_token_ids[i];
         if (eos) break;
         size_t len;
-        if (tmx_tokenizer_token_bytes(tok, next, &len) && 3 * len + 12 <= sizeof piece) {
-            int w = tmx_detok_push(tok, &detok, next, piece, sizeof piece);
+        if (tmx_tokenizer_token_bytes(tok, next, &len)) {
+            if (3 * len + 12 > piece_cap) { /* tmx_detok_push's room for the token */
+                char *p = realloc(piece, 3 * len + 12);
+                if (!p) {
+                    st = tmx_err(&err, TMX_ERR_NOMEM, "out of memory");
+                    break;
+                }
+                piece = p;
+                piece_cap = 3 * len + 12;
+            }
+            int w = tmx_detok_push(tok, &detok, next, piece, piece_cap);
             if (w > 0) fwrite(piece, 1, (size_t)w, stdout);
             fflush(stdout);
         }
@@ -175,7 +175,7 @@ int cmd_generate(int argc, char **argv) {
                         &pending, &err);
     }
     const double t2 = now();
-    int w = tmx_detok_flush(&detok, piece, sizeof piece);
+    int w = piece ? tmx_detok_flush(&detok, piece, piece_cap) : 0;
     if (w > 0) fwrite(piece, 1, (size_t)w, stdout);
     if (st == TMX_OK) {
         /* n_gen tokens came from n_gen - 1 decode steps plus the prefill's logits */
@@ -191,6 +191,7 @@ int cmd_generate(int argc, char **argv) {
     free(prompt_ids);
     free(ids);
     free(logits);
+    free(piece);
     tmx_engine_free(e);
     return rc;
 }

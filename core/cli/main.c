@@ -1,4 +1,7 @@
 /* main.c: the tmx command line — one binary, one subcommand per job. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +68,37 @@ int cli_fail(const char *cmd, char *msg) {
     fprintf(stderr, "tmx %s: %s\n", cmd, msg ? msg : "out of memory");
     free(msg);
     return 1;
+}
+
+int cli_parse_int(const char *cmd, const char *name, const char *arg, long long lo, long long hi,
+                  long long *out) {
+    char *end;
+    errno = 0;
+    const long long v = strtoll(arg, &end, 10);
+    if (end != arg && !*end && !errno && v >= lo && v <= hi) {
+        *out = v;
+        return 0;
+    }
+    if (hi == LLONG_MAX)
+        fprintf(stderr, "tmx %s: --%s expects an integer >= %lld, got \"%s\"\n", cmd, name, lo,
+                arg);
+    else
+        fprintf(stderr, "tmx %s: --%s expects an integer in [%lld, %lld], got \"%s\"\n", cmd,
+                name, lo, hi, arg);
+    return -1;
+}
+
+int cli_parse_real(const char *cmd, const char *name, const char *arg, double lo, double hi,
+                   double *out) {
+    char *end;
+    const double v = strtod(arg, &end);
+    if (end != arg && !*end && isfinite(v) && v >= lo && v <= hi) {
+        *out = v;
+        return 0;
+    }
+    fprintf(stderr, "tmx %s: --%s expects a number in [%g, %g], got \"%s\"\n", cmd, name, lo, hi,
+            arg);
+    return -1;
 }
 
 int main(int argc, char **argv) {

@@ -1,6 +1,5 @@
 /* plan.c: `tmx plan` — will a model fit these GPUs, and how much KV cache is left? Reads
  * headers only (tmx/plan.h); prints the plan of rank 0 as a table or as JSON. */
-#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
@@ -34,14 +33,9 @@ static const char usage[] =
 
 static const double GIB = 1073741824.0;
 
-static int parse_int(const char *flag, const char *s, int *out) {
-    char *end = NULL;
-    errno = 0;
-    const long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < 1 || v > INT_MAX) {
-        fprintf(stderr, "tmx plan: %s: \"%s\" is not a positive integer\n", flag, s);
-        return 0;
-    }
+static int parse_int(const char *name, const char *s, int *out) {
+    long long v;
+    if (cli_parse_int("plan", name, s, 1, INT_MAX, &v) < 0) return 0;
     *out = (int)v;
     return 1;
 }
@@ -218,12 +212,12 @@ int cmd_plan(int argc, char **argv) {
     while (ok && (c = getopt_long(argc, argv, "hm:", longopts, NULL)) != -1) {
         switch (c) {
         case 'm': dir = optarg; break;
-        case 'T': ok = parse_int("--tp", optarg, &o.tp); break;
-        case 'C': ok = parse_int("--context", optarg, &o.context); break;
-        case 's': ok = parse_int("--seqs", optarg, &o.seqs); break;
-        case 'b': ok = parse_int("--batch", optarg, &o.batch); break;
-        case 'B': ok = parse_int("--block-size", optarg, &o.block_size); break;
-        case 'K': ok = parse_int("--bits", optarg, &o.bits); break;
+        case 'T': ok = parse_int("tp", optarg, &o.tp); break;
+        case 'C': ok = parse_int("context", optarg, &o.context); break;
+        case 's': ok = parse_int("seqs", optarg, &o.seqs); break;
+        case 'b': ok = parse_int("batch", optarg, &o.batch); break;
+        case 'B': ok = parse_int("block-size", optarg, &o.block_size); break;
+        case 'K': ok = parse_int("bits", optarg, &o.bits); break;
         case 'v': o.virtual_model = 1; break;
         case 'e': o.experts = optarg; break;
         case 'j': json = 1; break;

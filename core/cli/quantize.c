@@ -2,6 +2,7 @@
  * out (tmx/quantize.h). On a terminal stderr shows a progress bar with an ETA; otherwise (logs,
  * CI) one line per stage and per layer. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,18 +127,6 @@ static char *read_text(const char *path, size_t *len) {
     return buf;
 }
 
-static int parse_int(const char *name, const char *arg, long long min, long long *out) {
-    char *end;
-    errno = 0;
-    *out = strtoll(arg, &end, 10);
-    if (end == arg || *end || errno || *out < min) {
-        fprintf(stderr, "tmx quantize: --%s expects an integer >= %lld, got \"%s\"\n", name, min,
-                arg);
-        return -1;
-    }
-    return 0;
-}
-
 int cmd_quantize(int argc, char **argv) {
     static const struct option longopts[] = {
         {"out", required_argument, 0, 'o'},    {"codec", required_argument, 0, 'C'},
@@ -158,9 +147,9 @@ int cmd_quantize(int argc, char **argv) {
         case 'o': out = optarg; break;
         case 'C': codec = optarg; break;
         case 'L': calib = optarg; break;
-        case 'b': r = parse_int("bits", optarg, 1, &bits); break;
-        case 'N': r = parse_int("tokens", optarg, 2, &tokens); break;
-        case 'W': r = parse_int("window", optarg, 2, &window); break;
+        case 'b': r = cli_parse_int("quantize", "bits", optarg, 1, INT_MAX, &bits); break;
+        case 'N': r = cli_parse_int("quantize", "tokens", optarg, 2, LLONG_MAX, &tokens); break;
+        case 'W': r = cli_parse_int("quantize", "window", optarg, 2, INT_MAX, &window); break;
         case 'h': fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return 2;
         }

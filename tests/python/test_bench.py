@@ -81,8 +81,9 @@ def test_tensor_parallel(tiny):
 @pytest.mark.parametrize("args, message", [
     (["-b", "0"], "--batch expects up to 16 sizes in 1..4096 separated by commas, got \"0\""),
     (["-b", "4,x"], "--batch expects up to 16 sizes"),
-    (["-p", "0"], "--prompt expects an integer >= 1, got \"0\""),
-    (["-n", "-1"], "--n-predict expects an integer >= 0, got \"-1\""),
+    (["-p", "0"], "--prompt expects an integer in [1, 1048576], got \"0\""),
+    (["-p", "1.5"], "--prompt expects an integer in [1, 1048576], got \"1.5\""),
+    (["-n", "-1"], "--n-predict expects an integer in [0, 1048576], got \"-1\""),
     (["--temperature", "-1"], "--temperature expects a number in [0, 100], got \"-1\""),
     (["--top-p", "0"], "--top-p expects a number in [1e-06, 1], got \"0\""),
     (["-b", "12", "--set", "max_running=4"], "--batch 12 is above config key max_running = 4"),

@@ -66,3 +66,8 @@ def test_no_match_and_unknown_set():
     assert "libtmx-kernels-no-such-set.so not found" in r.stderr
     r = conform("--bogus")
     assert r.returncode == 2
+    for bad in ("", "1e3", "-1"):
+        r = conform("--repeat", bad)
+        want = f'--repeat expects an integer in [0, 1000000], got "{bad}"'
+        assert r.returncode == 2 and r.stderr == f"tmx conform: {want}\n"
+

@@ -4,8 +4,10 @@ muse-tiny has a sliding window of 16 positions; every prompt here is longer, so 
 the sliding layers' ring-buffer KV cache and chunked prefill across window boundaries are all
 exercised. Bound: max |C - ref| / max |ref| <= 1e-4 per logits row with F32 weights.
 """
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -16,7 +18,9 @@ from tmx_engine import BIN_DIR, Engine, TmxError
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 import muse_ref  # noqa: E402
+import safetensors_io  # noqa: E402
 
 PROMPTS = [
     "Once upon a time, in a kingdom by the sea, there lived a king who had three daughters.",
@@ -161,3 +165,89 @@ def test_generate_cli_errors_are_one_line(tiny, tmp_path):
     r = subprocess.run([tmx, "generate", "--model", tiny, "--prompt", "x", "--temperature", "-1"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "temperature" in r.stderr and r.stderr.count("\n") == 1
+
+
+def copy_model(src, dst, tensors=None, tokenizer=None):
+    """src copied to dst, with `tensors(dict)` and `tokenizer(dict)` edited in place first."""
+    shutil.copytree(src, dst)
+    if tensors:
+        path = os.path.join(dst, "model.safetensors")
+        ts, meta = safetensors_io.load_file(path)
+        ts = {name: t.copy() for name, t in ts.items()}
+        tensors(ts)
+        safetensors_io.save_file(path, ts, meta)
+    if tokenizer:
+        path = os.path.join(dst, "tokenizer.json")
+        with open(path) as f:
+            tok = json.load(f)
+        tokenizer(tok)
+        with open(path, "w") as f:
+            json.dump(tok, f)
+    return str(dst)
+
+
+@pytest.mark.parametrize("args, option", [
+    *[(["-n", v], "--n-predict") for v in ("1e30", "inf", "nan", "4294967297", "2.7", "")],
+    *[(["--top-k", v], "--top-k") for v in ("1e20", "2.5", "-1")],
+    *[(["--seed", v], "--seed") for v in ("1.5", "nan", "1e40", "-2", "18446744073709551616")],
+    (["--temperature", "1e40"], "--temperature"), (["--top-p", "nan"], "--top-p"),
+    (["--min-p", "2"], "--min-p"),
+])
+def test_generate_cli_refuses_bad_numbers(tmp_path, args, option):
+    """Refused while the options are parsed, before the model (absent here) is opened."""
+    r = subprocess.run([os.path.join(BIN_DIR, "tmx"), "generate", "--model", str(tmp_path),
+                        "--prompt", "x", *args], capture_output=True, text=True)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"tmx generate: {option} expects "), lines[0]
+
+
+def test_generate_cli_prints_long_tokens(tiny, tmp_path):
+    """Two added tokens of 400 bytes at padded ids, and weights that make greedy decoding pick
+    one of them at every step: the final norm keeps dimension 0 alone and their lm_head rows
+    are +e0 and -e0 (every other row zero), so one of them has the one positive logit."""
+    with Engine(tiny) as eng:
+        n_tok = eng.n_vocab
+    long_ids = {n_tok: "a" * 400, n_tok + 1: "b" * 400}
+
+    def tensors(ts):
+        ts["model.norm.weight"][:] = 0
+        ts["model.norm.weight"][0] = 1
+        ts["lm_head.weight"][:] = 0
+        ts["lm_head.weight"][n_tok, 0] = 1
+        ts["lm_head.weight"][n_tok + 1, 0] = -1
+
+    def tokenizer(tok):
+        tok["added_tokens"] += [{"id": i, "content": t, "single_word": False, "lstrip": False,
+                                 "rstrip": False, "normalized": False, "special": False}
+                                for i, t in long_ids.items()]
+
+    model = copy_model(tiny, tmp_path / "long", tensors, tokenizer)
+    out = subprocess.run([os.path.join(BIN_DIR, "tmx"), "generate", "--model", model,
+                          "--prompt", PROMPTS[0], "-n", "3"],
+                         check=True, capture_output=True, text=True).stdout
+    text, _, last = out.rstrip("\n").rpartition("\n")
+    assert last.startswith("3 tokens, ")
+    assert len(text) == 3 * 400 and set(text) <= {"a", "b"}, text[:80]
+
+
+def test_shape_mismatch_names_every_dimension(tiny, tmp_path):
+    def tensors(ts):
+        ts["model.norm.weight"] = ts["model.norm.weight"][:64].copy()
+
+    model = copy_model(tiny, tmp_path / "short-norm", tensors)
+    with pytest.raises(TmxError, match=re.escape(
+            "tensor model.norm.weight has shape [64], config.json implies [128]")):
+        Engine(model)
+
+
+def test_tokenizer_id_beyond_the_model_is_named(tiny, tmp_path):
+    """tiny's vocab_size is 576; an added token at 600 would index past embed_tokens."""
+    def tokenizer(tok):
+        tok["added_tokens"].append(dict(tok["added_tokens"][-1], id=600, content="<|far|>"))
+
+    model = copy_model(tiny, tmp_path / "far-token", tokenizer=tokenizer)
+    with pytest.raises(TmxError, match=re.escape(
+            f"{model}/tokenizer.json: token id 600 is not below the model's vocab_size (576, "
+            f"{model}/config.json)")):
+        Engine(model)

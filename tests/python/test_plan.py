@@ -272,6 +272,13 @@ def test_errors_name_the_flag(models, args, needle):
     assert needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
+@pytest.mark.parametrize("args", [["--tp", "4294967297"], ["--context", "1e3"], ["--bits", ""]])
+def test_bad_numbers_name_the_flag(tmp_path, args):
+    r = plan(tmp_path, *args, check=False)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"tmx plan: {args[0]} expects an integer in [1, "), r.stderr
+
+
 def test_errors_name_the_file(models, tmp_path):
     r = plan(tmp_path, check=False)
     assert "config.json" in r.stderr and r.stderr.count("\n") == 1

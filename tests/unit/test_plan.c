@@ -196,6 +196,57 @@ static void test_capacity(void **state) {
     assert_int_equal(p.max_seqs, 0);
 }
 
+/* The config above with n_routed_experts = `experts`, planned virtually with `codec` experts. */
+static struct tmx_plan plan_experts(const char *experts, const char *codec) {
+    char other[] = "/tmp/tmx-plan-experts-XXXXXX", path[512], text[sizeof config + 16];
+    assert_non_null(mkdtemp(other));
+    const char *at = strstr(config, "\"n_routed_experts\": 16");
+    assert_non_null(at);
+    snprintf(text, sizeof text, "%.*s\"n_routed_experts\": %s%s", (int)(at - config), config,
+             experts, at + strlen("\"n_routed_experts\": 16"));
+    snprintf(path, sizeof path, "%s/config.json", other);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    struct tmx_plan_options o = base();
+    o.experts = codec;
+    o.bits = strcmp(codec, "bf16") ? 3 : 0;
+    struct tmx_plan p;
+    char *err = NULL;
+    if (tmx_plan_compute(other, &o, &p, &err) != TMX_OK) fail_msg("%s", err);
+    unlink(path);
+    rmdir(other);
+    return p;
+}
+
+/* Experts are counted without a loop over them: 40 (one experts/ file of 32 and one of 8) add
+ * up as 16 do, and the 2^30 that config.json allows plan at once (the alarm fails a planner that
+ * walks them, which took minutes). */
+static void test_many_experts(void **state) {
+    (void)state;
+    alarm(20);
+    const uint64_t fp4_expert = 3 * (128 * 256 * 3 / 8 + 128 * 256 / 16); /* bytes, 3 matrices */
+    const uint64_t bf16_expert = 3 * 128 * 256 * 2;
+    struct tmx_plan p = plan_experts("40", "trellis-fp4");
+    assert_true(p.part_rank[TMX_PLAN_EXPERTS] == 3 * 40 * fp4_expert / 4);
+    assert_true(p.part_rank[TMX_PLAN_CODEC] == 3 * (3 * 40 * 4 + (128 + 256 + 128) / 8));
+    /* a layer's experts/ files (1 of 16 experts, 2 of 40) of 5 tensors a matrix, and its 3
+     * coupled/ sign vectors; BF16: 3 matrices an expert */
+    const int64_t rest = plan_experts("16", "trellis-fp4").n_tensors - 3 * (1 * 15 + 3);
+    assert_int_equal(p.n_tensors, rest + 3 * (2 * 15 + 3));
+    const int64_t rest_bf16 = plan_experts("16", "bf16").n_tensors - 3 * 16 * 3;
+    p = plan_experts("40", "bf16");
+    assert_true(p.part_rank[TMX_PLAN_EXPERTS] == 3 * 40 * bf16_expert / 4);
+    assert_int_equal(p.n_tensors, rest_bf16 + 3 * 40 * 3);
+    p = plan_experts("1073741824", "trellis-fp4");
+    assert_true(p.part_rank[TMX_PLAN_EXPERTS] == 3 * ((uint64_t)1 << 30) * fp4_expert / 4);
+    p = plan_experts("1073741824", "bf16");
+    assert_true(p.part_rank[TMX_PLAN_EXPERTS] == 3 * ((uint64_t)1 << 30) * bf16_expert / 4);
+    assert_true(p.part_model[TMX_PLAN_EXPERTS] == 3 * ((uint64_t)1 << 30) * bf16_expert);
+    alarm(0);
+}
+
 /* Each bad option fails with one line naming it. */
 static void test_errors(void **state) {
     (void)state;
@@ -253,6 +304,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_virtual_numbers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_capacity, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+        cmocka_unit_test(test_many_experts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
