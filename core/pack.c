@@ -4,9 +4,12 @@
  * non-expert files to OUT and, as hard links, to every rank folder; coupled/ to every rank
  * folder) or cut (experts/, one cut per rank). A copy is known good when it has the source
  * file's size and hash; a cut file when it has the size and hash OUT/tmx-pack.log recorded for
- * it; either is kept on a rerun. --full-closure then opens every layer through the codec, whole
- * from the source and as each rank's pack, and compares every decoded slice with the same slice
- * of the whole decode. */
+ * it; either is kept on a rerun. OUT must be new, empty or such an earlier run, and must not be
+ * CHECKPOINT or lie inside it: the log claims every file before it is written, and a file OUT
+ * holds that no run claimed is never replaced. --full-closure then opens every layer through
+ * the codec, whole from the source and as each rank's pack, and compares every decoded slice
+ * with the same slice of the whole decode. */
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -16,6 +19,7 @@
 #include <unistd.h>
 
 #include "tmx/config.h"
+#include "tmx/fs.h"
 #include "tmx/loader.h"
 #include "tmx/manifest.h"
 #include "tmx/model.h"
@@ -381,34 +385,132 @@ static void progress(const struct packer *k, const char *phase, int64_t done, in
     if (k->o->progress) k->o->progress(k->o->progress_arg, phase, done, total);
 }
 
-/* OUT/tmx-pack.log: a header naming tp and the source's manifest, then "SHA SIZE PATH" per file
- * cut. A log of another tp or source means OUT is not this pack: refused. */
-static enum tmx_status open_log(struct packer *k, char **err) {
+/* OUT/tmx-pack.log: a header naming tp and the source's manifest, then "writing PATH" before
+ * each file is written and "SHA SIZE PATH" after each file cut. A log of another tp or source
+ * means OUT is not this pack: refused. *found: whether OUT has a log. */
+static enum tmx_status read_log(struct packer *k, int *found, char **err) {
     char path[4096], line[4600], header[160];
     snprintf(path, sizeof path, "%s/%s", k->o->out, LOG_NAME);
     snprintf(header, sizeof header, "tmx-pack tp=%d source=%s\n", k->o->tp, k->digest);
     FILE *f = fopen(path, "r");
+    if (!(*found = f != NULL))
+        return errno == ENOENT || errno == ENOTDIR ? TMX_OK : tmx_err(err, TMX_ERR_IO, "%s: %s",
+                                                                      path, strerror(errno));
     enum tmx_status st = TMX_OK;
-    if (f) {
-        if (!fgets(line, sizeof line, f) || strcmp(line, header) != 0)
-            st = tmx_err(err, TMX_ERR_INVALID, "%s: %s holds a pack of another checkpoint or "
-                         "another tp (this one: tp = %d, source manifest %.12s...); use an empty "
-                         "folder", path, k->o->out, k->o->tp, k->digest);
-        while (st == TMX_OK && fgets(line, sizeof line, f)) {
-            char sha[HEX_LEN + 1], rel[4096];
-            long long size;
-            line[strcspn(line, "\n")] = 0;
-            if (sscanf(line, "%64s %lld %4095s", sha, &size, rel) == 3 && strlen(sha) == HEX_LEN)
-                st = entries_add(&k->log, rel, size, sha, err);
-        }
-        fclose(f);
-        if (st != TMX_OK) return st;
+    if (!fgets(line, sizeof line, f) || strcmp(line, header) != 0)
+        st = tmx_err(err, TMX_ERR_INVALID, "%s: %s holds a pack of another checkpoint or "
+                     "another tp (this one: tp = %d, source manifest %.12s...); use an empty "
+                     "folder", path, k->o->out, k->o->tp, k->digest);
+    while (st == TMX_OK && fgets(line, sizeof line, f)) {
+        char sha[HEX_LEN + 1], rel[4096];
+        long long size;
+        line[strcspn(line, "\n")] = 0;
+        if (sscanf(line, "%64s %lld %4095s", sha, &size, rel) == 3 && strlen(sha) == HEX_LEN)
+            st = entries_add(&k->log, rel, size, sha, err);
+        else if (strncmp(line, "writing ", 8) == 0) /* size -1: never intact */
+            st = entries_add(&k->log, line + 8, -1, "", err);
     }
+    fclose(f);
+    return st;
+}
+
+static enum tmx_status open_log(struct packer *k, int found, char **err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", k->o->out, LOG_NAME);
     if (!(k->logf = fopen(path, "a")))
         return tmx_err(err, TMX_ERR_IO, "%s: %s", path, strerror(errno));
-    if (!f) fputs(header, k->logf);
+    if (!found) fprintf(k->logf, "tmx-pack tp=%d source=%s\n", k->o->tp, k->digest);
     fflush(k->logf);
     return TMX_OK;
+}
+
+static int under(const char *path, const char *folder) {
+    return strncmp(path, folder, strlen(folder)) == 0;
+}
+
+enum kind { FOREIGN, DATA, META, TEMP };
+
+/* What OUT/rel is to this pack: a file it copies or cuts (*want: the source's entry for a
+ * copy, NULL for a cut), one it makes (index, manifest, log), the temporary name of either, or
+ * none of these. */
+static enum kind kind_of(const struct packer *k, const char *rel, const struct entry **want) {
+    const size_t n = strlen(rel);
+    if (n > 4 && strcmp(rel + n - 4, ".tmp") == 0) {
+        char base[4096];
+        snprintf(base, sizeof base, "%.*s", (int)(n - 4), rel);
+        return kind_of(k, base, want) == FOREIGN ? FOREIGN : TEMP;
+    }
+    const char *in = rel;
+    int rank = -1, r, at = 0;
+    if (sscanf(rel, "rank-%d/%n", &r, &at) == 1 && at > 0) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "rank-%d/", r);
+        if (r < 0 || r >= k->o->tp || strncmp(rel, prefix, strlen(prefix)) != 0) return FOREIGN;
+        rank = r;
+        in = rel + at;
+    }
+    if (strcmp(in, TMX_PACK_NAME) == 0 || (rank >= 0 && strcmp(in, TMX_MANIFEST_NAME) == 0) ||
+        (rank < 0 && strcmp(in, LOG_NAME) == 0))
+        return META;
+    const struct entry *e = entries_find(&k->src, in);
+    if (!e || (rank < 0 && (under(in, "experts/") || under(in, "coupled/")))) return FOREIGN;
+    *want = rank >= 0 && under(in, "experts/") ? NULL : e;
+    return DATA;
+}
+
+/* Every file under OUT/rel must be this pack's: one an earlier run wrote (its log has the path)
+ * or one it would write as it is; leftover temporary files go. */
+static enum tmx_status check_files(struct packer *k, const char *rel, char **err) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, rel ? "%s/%s" : "%s", k->o->out, rel);
+    DIR *d = opendir(dir);
+    if (!d) return tmx_err(err, TMX_ERR_IO, "%s: %s", dir, strerror(errno));
+    enum tmx_status st = TMX_OK;
+    for (struct dirent *de; st == TMX_OK && (de = readdir(d));) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+        char sub[4096], full[4200];
+        if (rel) snprintf(sub, sizeof sub, "%s/%s", rel, de->d_name);
+        else snprintf(sub, sizeof sub, "%s", de->d_name);
+        snprintf(full, sizeof full, "%s/%s", k->o->out, sub);
+        struct stat sb;
+        const struct entry *want = NULL;
+        if (lstat(full, &sb) != 0) {
+            st = tmx_err(err, TMX_ERR_IO, "%s: %s", full, strerror(errno));
+        } else if (S_ISDIR(sb.st_mode)) {
+            st = check_files(k, sub, err);
+        } else {
+            const enum kind kind = kind_of(k, sub, &want);
+            if (kind == TEMP && unlink(full) != 0)
+                st = tmx_err(err, TMX_ERR_IO, "%s: %s", full, strerror(errno));
+            else if (kind == FOREIGN || (kind == DATA && !entries_find(&k->log, sub) &&
+                                         !(want && intact(full, want->size, want->sha))))
+                st = tmx_err(err, TMX_ERR_INVALID, "%s: holds %s, which no earlier run of this "
+                             "tmx pack wrote; move it away or use an empty folder", k->o->out,
+                             sub);
+        }
+    }
+    closedir(d);
+    return st;
+}
+
+/* OUT must be new, empty, or an earlier run of this pack holding nothing else (`logged`: it
+ * has the run's tmx-pack.log): no file is replaced that tmx pack did not write. */
+static enum tmx_status check_out(struct packer *k, int logged, char **err) {
+    const char *out = k->o->out;
+    DIR *d = opendir(out);
+    if (!d)
+        return errno == ENOENT ? TMX_OK : tmx_err(err, TMX_ERR_IO, "%s: %s", out,
+                                                  strerror(errno));
+    int empty = 1;
+    enum tmx_status st = TMX_OK;
+    for (struct dirent *de; empty && (de = readdir(d));) {
+        empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0;
+        if (!empty && !logged)
+            st = tmx_err(err, TMX_ERR_INVALID, "%s: holds %s but no %s of an earlier tmx pack; "
+                         "tmx pack writes into a new or empty folder", out, de->d_name, LOG_NAME);
+    }
+    closedir(d);
+    return st == TMX_OK && !empty ? check_files(k, NULL, err) : st;
 }
 
 /* One output file, rel under OUT: kept when intact (against `want`, or the log when NULL),
@@ -423,8 +525,12 @@ static enum tmx_status produce(struct packer *k, const char *rel, const struct e
     if (rec && intact(dst, rec->size, rec->sha)) {
         k->rep->kept++;
     } else {
-        st = cut_rank >= 0 ? cut_experts(from, dst, &k->g, cut_rank, err)
-                           : copy_file(from, dst, link_ok, err);
+        /* claimed first: a rerun after a crash knows the file as this pack's */
+        if (fprintf(k->logf, "writing %s\n", rel) < 0 || fflush(k->logf) != 0)
+            st = tmx_err(err, TMX_ERR_IO, "%s/%s: cannot write", k->o->out, LOG_NAME);
+        if (st == TMX_OK)
+            st = cut_rank >= 0 ? cut_experts(from, dst, &k->g, cut_rank, err)
+                               : copy_file(from, dst, link_ok, err);
         struct stat sb;
         char hex[HEX_LEN + 1];
         if (st == TMX_OK && stat(dst, &sb) != 0)
@@ -441,10 +547,6 @@ static enum tmx_status produce(struct packer *k, const char *rel, const struct e
     k->done += units;
     progress(k, "pack", k->done, k->total);
     return st;
-}
-
-static int under(const char *path, const char *folder) {
-    return strncmp(path, folder, strlen(folder)) == 0;
 }
 
 /* Every file of the source into OUT and the rank folders. */
@@ -596,14 +698,23 @@ enum tmx_status tmx_pack(const struct tmx_pack_options *o, struct tmx_pack_repor
     if (access(path, F_OK) != 0)
         return tmx_err(err, TMX_ERR_NOT_FOUND, "%s: missing; tmx pack reads a TrellisMX build "
                        "made by tmx quantize", path);
+    const int inside = tmx_path_within(o->out, o->checkpoint);
+    if (inside != 0)
+        return inside < 0 ? tmx_err(err, TMX_ERR_IO, "%s: %s", o->out, strerror(errno))
+                          : tmx_err(err, TMX_ERR_INVALID, "%s: OUT is the checkpoint %s or lies "
+                                    "inside it; tmx pack writes into another folder", o->out,
+                                    o->checkpoint);
     progress(&k, "verify", 0, 1);
     enum tmx_status st = tmx_manifest_verify(o->checkpoint, 1, err);
     if (st == TMX_OK) progress(&k, "verify", 1, 1);
     if (st == TMX_OK) st = read_geom(o->checkpoint, o->tp, &k.mc, &k.g, err);
     if (st == TMX_OK) st = read_manifest(o->checkpoint, &k.src, k.digest, err);
+    int logged = 0;
+    if (st == TMX_OK) st = read_log(&k, &logged, err);
+    if (st == TMX_OK) st = check_out(&k, logged, err);
     snprintf(path, sizeof path, "%s/%s", o->out, LOG_NAME);
     if (st == TMX_OK) st = make_parents(path, err);
-    if (st == TMX_OK) st = open_log(&k, err);
+    if (st == TMX_OK) st = open_log(&k, logged, err);
     if (st == TMX_OK) st = pack_files(&k, err);
     json_t *ranks = json_array();
     for (int r = 0; st == TMX_OK && r < o->tp; r++) st = finish_rank(&k, r, ranks, err);

@@ -1,12 +1,15 @@
 /* quantize.c: tmx quantize, top to bottom: open the model and the codec, calibrate, write the
  * non-expert shards, code every MoE layer, then the build's small files and its manifest
  * (tmx/quantize.h lists the steps; quantize-hessian.c and quantize-write.c hold two of them).
+ * All of it goes into OUT.partial-PID, renamed to OUT when complete: OUT never holds half a
+ * build.
  *
  * Memory: calibration keeps every MoE layer's latents and routing ([tokens][latent] F32 each);
  * a layer's expert weights (F32) and Hessians (F64) exist only while it is coded. */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,12 +19,15 @@
 #include <unistd.h>
 
 #include "quantize-impl.h"
+#include "tmx/fs.h"
+#include "tmx/log.h"
 #include "tmx/manifest.h"
 #include "tmx/quantize.h"
 #include "tmx/tmx.h"
 
 #define DEFAULT_TOKENS 8192
 #define DEFAULT_WINDOW 512
+#define PARTIAL ".partial-" /* OUT.partial-PID: the build until it is complete */
 
 struct quant {
     const struct tmx_quantize_params *p;
@@ -38,6 +44,7 @@ struct quant {
     int64_t n_calib, n_windows;       /* calibration tokens (BOS included) and windows */
     int n_moe, moe_index, layer;      /* MoE layers, which one is being coded, its id */
     json_t *layers;                   /* the report's per-layer entries */
+    char *target, *work;              /* OUT resolved; the folder the build is made in */
 };
 
 static double clock_s(clockid_t id) {
@@ -98,18 +105,60 @@ static enum tmx_status open_all(struct quant *q, char **err) {
     return TMX_OK;
 }
 
-/* OUT_DIR: created if absent, refused if it holds anything (a build is the whole folder). */
-static enum tmx_status prepare_out(const char *dir, char **err) {
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        return tmx_err(err, TMX_ERR_IO, "%s: cannot create: %s", dir, strerror(errno));
-    DIR *d = opendir(dir);
-    if (!d) return tmx_err(err, TMX_ERR_IO, "%s: %s", dir, strerror(errno));
-    int empty = 1;
-    for (struct dirent *de; empty && (de = readdir(d));)
-        empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0;
+/* Removes the TARGET.partial-PID folders beside TARGET of runs that died (a signal, a crash)
+ * before they could remove their own: PID is gone, or is this process, which made none yet. */
+static enum tmx_status remove_stale(const char *target, char **err) {
+    const char *slash = strrchr(target, '/'), *base = slash + 1;
+    char parent[4096], prefix[4096], path[8200];
+    snprintf(parent, sizeof parent, "%.*s", slash == target ? 1 : (int)(slash - target), target);
+    snprintf(prefix, sizeof prefix, "%s" PARTIAL, base);
+    DIR *d = opendir(parent);
+    if (!d) return tmx_err(err, TMX_ERR_IO, "%s: %s", parent, strerror(errno));
+    enum tmx_status st = TMX_OK;
+    for (struct dirent *de; st == TMX_OK && (de = readdir(d));) {
+        if (strncmp(de->d_name, prefix, strlen(prefix)) != 0) continue;
+        const char *tail = de->d_name + strlen(prefix);
+        char *end;
+        if (*tail < '0' || *tail > '9') continue;
+        const long pid = strtol(tail, &end, 10);
+        if (*end || (pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", slash == target ? "" : parent, de->d_name);
+        st = tmx_remove_tree(path, err);
+        if (st == TMX_OK)
+            tmx_log(TMX_LOG_INFO, "%s: removed the unfinished build of an interrupted run "
+                    "(process %ld)", path, pid);
+    }
     closedir(d);
-    return empty ? TMX_OK : tmx_err(err, TMX_ERR_INVALID, "%s: not empty; tmx quantize writes a "
-                                    "whole build into an empty folder", dir);
+    return st;
+}
+
+/* OUT must be absent or an empty folder (a build is the whole folder); the build is made in
+ * q->work, TARGET.partial-PID beside it (TARGET: OUT resolved), made fresh here. */
+static enum tmx_status prepare_out(struct quant *q, char **err) {
+    const char *dir = q->p->out_dir;
+    DIR *d = opendir(dir);
+    if (!d && errno != ENOENT) return tmx_err(err, TMX_ERR_IO, "%s: %s", dir, strerror(errno));
+    int empty = 1;
+    for (struct dirent *de; d && empty && (de = readdir(d));)
+        empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0;
+    if (d) closedir(d);
+    if (!empty)
+        return tmx_err(err, TMX_ERR_INVALID, "%s: not empty; tmx quantize writes a whole build "
+                       "into an empty folder", dir);
+    if (!(q->target = tmx_path_resolve(dir)) ||
+        asprintf(&q->work, "%s" PARTIAL "%ld", q->target, (long)getpid()) < 0) {
+        q->work = NULL;
+        return tmx_err(err, TMX_ERR_IO, "%s: %s", dir, strerror(errno));
+    }
+    enum tmx_status st = remove_stale(q->target, err);
+    if (st == TMX_OK && mkdir(q->work, 0777) != 0)
+        st = tmx_err(err, TMX_ERR_IO, "%s: cannot create %s: %s", dir, q->work, strerror(errno));
+    if (st != TMX_OK) {
+        free(q->work);
+        q->work = NULL; /* nothing of this run's to remove */
+    }
+    return st;
 }
 
 /* --- calibration --------------------------------------------------------------------------- */
@@ -267,7 +316,7 @@ static enum tmx_status encode_layer(struct quant *q, int l, char **err) {
     if (st == TMX_OK) {
         for (int e = 0; e < E; e++) used[e] = h.natural[e] + h.supplemental[e];
         const struct tmx_codec_encode_job job = {
-            .out_dir = q->p->out_dir, .layer = l, .n_experts = E, .latent = lat, .inter = inter,
+            .out_dir = q->work, .layer = l, .n_experts = E, .latent = lat, .inter = inter,
             .gate = (const float *const *)w[0], .up = (const float *const *)w[1],
             .down = (const float *const *)w[2], .h_in = (const double *const *)h.h_in,
             .h_mid = (const double *const *)h.h_mid, .n_tokens = used, .bits = q->p->bits,
@@ -312,7 +361,7 @@ static enum tmx_status encode_layer(struct quant *q, int l, char **err) {
 /* quant_method and codec, the codec's own members, then the MXFP8 tensors and the producer. */
 static enum tmx_status write_quant_config(struct quant *q, json_t *mxfp8_names, char **err) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/hf_quant_config.json", q->p->out_dir);
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", q->work);
     json_t *cfg = json_pack("{s:s, s:s}", "quant_method", q->ops->quant_method, "codec",
                             q->codec->name);
     enum tmx_status st = TMX_OK;
@@ -343,7 +392,7 @@ static enum tmx_status write_quant_config(struct quant *q, json_t *mxfp8_names, 
 static enum tmx_status write_report(struct quant *q, json_t *seconds, int n_mxfp8, char **err) {
     const struct tmx_quantize_params *p = q->p;
     char path[4096];
-    snprintf(path, sizeof path, "%s/quantize-report.json", p->out_dir);
+    snprintf(path, sizeof path, "%s/quantize-report.json", q->work);
     json_t *r = json_pack(
         "{s:s, s:s, s:i, s:i, s:{s:s, s:I, s:I}, s:O, s:{s:i}, s:O}", "model", p->model_dir,
         "codec", p->codec, "bits", p->bits, "threads", q->n_threads, "calibration", "source",
@@ -368,13 +417,13 @@ enum tmx_status tmx_quantize(const struct tmx_quantize_params *p, char **err) {
         q.ops->quant_config(q.ctx, p->bits, NULL, 0) < 0)
         st = tmx_err(err, TMX_ERR_INVALID, "codec.%s cannot build at --bits %d", p->codec,
                      p->bits);
-    if (st == TMX_OK) st = prepare_out(p->out_dir, err);
+    if (st == TMX_OK) st = prepare_out(&q, err);
     const double t1 = now();
     if (st == TMX_OK) st = calibrate(&q, err);
     const double t2 = now();
     if (st == TMX_OK) {
         emit(&q, (struct tmx_quantize_progress){.stage = TMX_QUANTIZE_WRITE});
-        st = quantize_write_dense(q.ck, p->out_dir, mxfp8_names, err);
+        st = quantize_write_dense(q.ck, q.work, mxfp8_names, err);
     }
     const double t3 = now();
     for (int l = 0; st == TMX_OK && l < q.mc->n_layers; l++) {
@@ -386,7 +435,7 @@ enum tmx_status tmx_quantize(const struct tmx_quantize_params *p, char **err) {
     const double t4 = now();
     if (st == TMX_OK) {
         emit(&q, (struct tmx_quantize_progress){.stage = TMX_QUANTIZE_WRITE});
-        st = quantize_copy_files(p->model_dir, p->out_dir, err);
+        st = quantize_copy_files(p->model_dir, q.work, err);
     }
     if (st == TMX_OK) st = write_quant_config(&q, mxfp8_names, err);
     if (st == TMX_OK) {
@@ -397,7 +446,13 @@ enum tmx_status tmx_quantize(const struct tmx_quantize_params *p, char **err) {
         json_object_set_new(seconds, "total", json_num(now() - t0));
         st = write_report(&q, seconds, (int)json_array_size(mxfp8_names), err);
     }
-    if (st == TMX_OK) st = tmx_manifest_write(p->out_dir, err);
+    if (st == TMX_OK) st = tmx_manifest_write(q.work, err);
+    if (st == TMX_OK && rename(q.work, q.target) != 0)
+        st = tmx_err(err, TMX_ERR_IO, "%s: cannot move the finished build %s there: %s",
+                     p->out_dir, q.work, strerror(errno));
+    if (st != TMX_OK && q.work) tmx_remove_tree(q.work, NULL);
+    free(q.work);
+    free(q.target);
 
     for (int l = 0; q.calib && l < q.mc->n_layers; l++) {
         free(q.calib[l].z);

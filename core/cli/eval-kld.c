@@ -5,17 +5,20 @@
  * tokens (BOS first when the model has one). Every window runs as a fresh sequence through both
  * engines, CHUNK rows at a time; every next-token row is scored in FP64 (tmx/eval.h). Windows
  * whose 13-grams overlap the calibration text by more than 5% leave the headline. Out:
- * a table on stdout and, with --out, summary.json and tokens.jsonl. `--paired A --paired B`
- * runs no model: it reads two such outputs of the same rows and bootstraps A - B and A / B. */
+ * a table on stdout and, with --out, summary.json and tokens.jsonl, renamed into place when
+ * complete. `--paired A --paired B` runs no model: it reads two such outputs of the same rows
+ * and bootstraps A - B and A / B. */
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "tmx/eval.h"
+#include "tmx/fs.h"
 #include "tmx/quantize.h"
 
 #define MAX_TEXTS 64
@@ -39,7 +42,8 @@ static const char usage[] =
     "      --max-windows N    windows per source at most, spread evenly over it (default: all)\n"
     "      --calib FILE|none  the calibration text for the overlap screen (default: the one\n"
     "                         --model's quantize-report.json names; none: no screen)\n"
-    "  -o, --out DIR          write DIR/summary.json and DIR/tokens.jsonl (created)\n"
+    "  -o, --out DIR          write DIR/summary.json and DIR/tokens.jsonl (created; not in a\n"
+    "                         model's folder)\n"
     "      --seed S           bootstrap seed (default 0)\n"
     "      --resamples N      bootstrap resamples (default 5000)\n"
     "      --model-set K=V    a configuration override for --model only, e.g.\n"
@@ -90,7 +94,8 @@ struct run {
     int n_win;
     struct tmx_ngram_set *calib;  /* NULL: no screen */
     json_t *calib_info;           /* what the screen used, for the summary */
-    FILE *tokens;                 /* tokens.jsonl, or NULL */
+    FILE *tokens;                 /* tokens.jsonl's temporary file, or NULL */
+    int wrote;                    /* --out holds this run's temporary files */
 };
 
 /* --- options ------------------------------------------------------------------------------- */
@@ -884,12 +889,16 @@ static int cmd_paired(const struct opts *o) {
     if (st == TMX_OK) st = pair_windows(&P, &err);
     if (st == TMX_OK) st = pair_rows(&P, &err);
     if (st == TMX_OK) st = pair_summary(&P, &s, &err);
-    if (st == TMX_OK && o->out) {
+    if (st == TMX_OK && o->out) { /* through a temporary file, as the runs' outputs */
+        char tmp[4200];
         snprintf(path, sizeof path, "%s/paired.json", o->out);
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
         if (mkdir(o->out, 0777) != 0 && errno != EEXIST)
             st = tmx_err(&err, TMX_ERR_IO, "--out %s: %s", o->out, strerror(errno));
-        else if (json_dump_file(s, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0)
+        else if (json_dump_file(s, tmp, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0 ||
+                 rename(tmp, path) != 0)
             st = tmx_err(&err, TMX_ERR_IO, "--out %s: cannot write", path);
+        if (st != TMX_OK) unlink(tmp);
     }
     if (st == TMX_OK) print_pair_table(s);
     json_decref(s);
@@ -901,20 +910,64 @@ static int cmd_paired(const struct opts *o) {
 
 /* --- the command --------------------------------------------------------------------------- */
 
+/* What --out DIR receives, each written as NAME.tmp and renamed into place when the run is
+ * complete, summary.json last: an interrupted run leaves the earlier run's files whole. */
+static const char *const out_names[2] = {"tokens.jsonl", "summary.json"};
+
+static void out_path(char *buf, size_t size, const char *dir, const char *name, int tmp) {
+    snprintf(buf, size, "%s/%s%s", dir, name, tmp ? ".tmp" : "");
+}
+
+/* --out may be neither model's folder nor lie inside one, and none of the names it writes may
+ * be an input's (paths resolved). */
+static enum tmx_status check_out(const struct opts *o, char **err) {
+    const char *const flag[2] = {"--teacher", "--model"}, *const dir[2] = {o->teacher,
+                                                                           o->eo.model};
+    for (int i = 0; i < 2; i++) {
+        const int in = tmx_path_within(o->out, dir[i]);
+        if (in < 0) return tmx_err(err, TMX_ERR_IO, "--out %s: %s", o->out, strerror(errno));
+        if (in)
+            return tmx_err(err, TMX_ERR_INVALID, "--out %s: is the %s folder %s or lies "
+                           "inside it; write the results elsewhere", o->out, flag[i], dir[i]);
+    }
+    const int calib = o->calib && strcmp(o->calib, "none") != 0;
+    enum tmx_status st = TMX_OK;
+    char path[4096];
+    for (int i = 0; st == TMX_OK && i < o->n_texts + calib; i++) {
+        const char *input = i < o->n_texts ? o->texts[i] : o->calib;
+        const char *what = i < o->n_texts ? "--text" : "--calib";
+        char *real = tmx_path_resolve(input), *out;
+        if (!real) st = tmx_err(err, TMX_ERR_IO, "%s %s: %s", what, input, strerror(errno));
+        for (int k = 0; st == TMX_OK && k < 4; k++) {
+            out_path(path, sizeof path, o->out, out_names[k / 2], k % 2);
+            if (!(out = tmx_path_resolve(path)))
+                st = tmx_err(err, TMX_ERR_IO, "--out %s: %s", path, strerror(errno));
+            else if (strcmp(out, real) == 0)
+                st = tmx_err(err, TMX_ERR_INVALID, "--out %s: writing %s would replace %s %s",
+                             o->out, path, what, input);
+            free(out);
+        }
+        free(real);
+    }
+    return st;
+}
+
 static enum tmx_status open_out(struct run *R, char **err) {
     const char *dir = R->o->out;
     if (!dir) return TMX_OK;
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return tmx_err(err, TMX_ERR_IO, "--out %s: %s", dir, strerror(errno));
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokens.jsonl", dir);
+    out_path(path, sizeof path, dir, out_names[0], 1);
     if (!(R->tokens = fopen(path, "w")))
         return tmx_err(err, TMX_ERR_IO, "--out %s: %s", path, strerror(errno));
+    R->wrote = 1;
     return TMX_OK;
 }
 
 static enum tmx_status run(struct run *R, json_t **sum, char **err) {
-    enum tmx_status st = plan_window(R->o, &R->window, err);
+    enum tmx_status st = R->o->out ? check_out(R->o, err) : TMX_OK;
+    if (st == TMX_OK) st = plan_window(R->o, &R->window, err);
     if (st == TMX_OK) st = open_engine(R, "--teacher", R->o->teacher, R->o->teacher_sets,
                                        R->o->n_teacher_sets, &R->teacher, err);
     if (st == TMX_OK) st = open_engine(R, "--model", R->o->eo.model, R->o->model_sets,
@@ -937,11 +990,18 @@ static enum tmx_status run(struct run *R, json_t **sum, char **err) {
     return st;
 }
 
+/* summary.json's temporary file, then both files into place. */
 static enum tmx_status write_summary(const char *dir, json_t *s, char **err) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/summary.json", dir);
-    if (json_dump_file(s, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0)
-        return tmx_err(err, TMX_ERR_IO, "--out %s: cannot write", path);
+    char tmp[4096], path[4096];
+    out_path(tmp, sizeof tmp, dir, out_names[1], 1);
+    if (json_dump_file(s, tmp, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0)
+        return tmx_err(err, TMX_ERR_IO, "--out %s: cannot write", tmp);
+    for (int i = 0; i < 2; i++) {
+        out_path(tmp, sizeof tmp, dir, out_names[i], 1);
+        out_path(path, sizeof path, dir, out_names[i], 0);
+        if (rename(tmp, path) != 0)
+            return tmx_err(err, TMX_ERR_IO, "--out %s: %s", path, strerror(errno));
+    }
     return TMX_OK;
 }
 
@@ -955,6 +1015,11 @@ int cmd_eval_kld(int argc, char **argv) {
     char *err = NULL;
     enum tmx_status st = run(&R, &sum, &err);
     if (st == TMX_OK && o.out) st = write_summary(o.out, sum, &err);
+    for (int i = 0; st != TMX_OK && R.wrote && i < 2; i++) {
+        char tmp[4096];
+        out_path(tmp, sizeof tmp, o.out, out_names[i], 1);
+        unlink(tmp);
+    }
     if (st == TMX_OK) print_table(sum);
     json_decref(sum);
     json_decref(R.calib_info);

@@ -7,7 +7,8 @@ recomputed from the records (bca() below is the Python mirror of tmx_eval_bootst
 test_eval.c also quotes), --model-set reaching the model only (weights-only against serving
 formats), `--paired` (serving against weights only on the same rows) recomputed from both
 runs' records, the calibration-overlap screen, position buckets, the window cap, the plot tool,
-and one-line errors naming the flag or file.
+one-line errors naming the flag or file, and --out: an interrupted run leaves the earlier run's
+files whole, and an --out in a model's folder or over an input is refused.
 
 The model is muse-tiny's K3 trellis-e4m3 build (one tmx quantize, ~40 s). Windows are short
 (--window 64, --max-windows 4) so that every run takes a second or two.
@@ -16,6 +17,8 @@ import json
 import math
 import os
 import pathlib
+import shutil
+import signal
 import subprocess
 import sys
 
@@ -436,3 +439,44 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(tiny, texts, tmp_path):
         (base + ["--text", t, "stray"], "stray"),
     ]
     assert_one_line_errors(cases, "tmx eval-kld: ")
+
+
+# --- the output folder -------------------------------------------------------------------------
+
+def test_interrupted_run_keeps_the_earlier_results(tiny, k3, served, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(served[2], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    long = tmp_path / "long.txt"
+    long.write_text(text_a(4000))  # hundreds of windows: still running at the first
+    p = subprocess.Popen([TMX, "eval-kld", "--teacher", tiny, "--model", k3, "--text", str(long),
+                          "--window", str(WINDOW), "--threads", str(THREADS), "--out", str(out)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in p.stderr:
+        if "window 2/" in line:
+            p.send_signal(signal.SIGINT)
+            break
+    p.communicate()
+    assert p.returncode == -signal.SIGINT
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".tmp"} == before
+
+
+def test_out_over_inputs_or_in_a_model_is_refused(tiny, k3, texts, served, tmp_path):
+    out = tmp_path / "E2"
+    shutil.copytree(served[2], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    models = {d: sorted(os.listdir(d)) for d in (tiny, k3)}
+    base = ["--teacher", tiny, "--model", k3, "--window", str(WINDOW), "--max-windows", "1"]
+    t = ["--text", str(texts[0])]
+    cases = [
+        (base + ["--text", str(out / "tokens.jsonl"), "--out", str(out)],
+         f"writing {out}/tokens.jsonl would replace --text {out}/tokens.jsonl"),
+        (base + t + ["--calib", str(out / "summary.json"), "--out", str(out)],
+         "would replace --calib"),
+        (base + t + ["--out", k3], f"--out {k3}: is the --model folder {k3}"),
+        (base + t + ["--out", tiny], f"--out {tiny}: is the --teacher folder {tiny}"),
+        (base + t + ["--out", os.path.join(k3, "experts")], "--model folder"),
+    ]
+    assert_one_line_errors(cases, "tmx eval-kld: --out")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert {d: sorted(os.listdir(d)) for d in (tiny, k3)} == models

@@ -9,7 +9,9 @@ manifests are consistent with the source, each rank folder verifies, and `tmx ge
 OUT --tp N` prints the same greedy text as the build at the same tp (threads, and mpirun when
 the build has MPI). A changed or missing source file, a tp that does not split, an OUT holding
 another pack and a pack loaded at the wrong tp are refused in one line naming the file; after
-one output file is deleted, a rerun writes that file only.
+one output file is deleted, a rerun writes that file only. An OUT holding files no earlier run
+of the pack wrote, and an OUT that is the checkpoint or lies inside it, are refused in one line
+naming OUT, and no file is replaced.
 """
 import hashlib
 import json
@@ -188,3 +190,58 @@ def test_rerun_resumes(builds, tmp_path):
     assert "every file matches" in v.stdout
     ref = generate(str(builds["trellis-fp4"]), "--tp", "2", "--threads", "2")
     assert generate(str(out), "--tp", "2", "--threads", "2") == ref
+
+
+def files(folder):
+    return {p: sha256(p) for p in pathlib.Path(folder).rglob("*") if p.is_file()}
+
+
+def test_out_with_files_of_its_own_is_refused(builds, tmp_path):
+    build = str(builds["trellis-e4m3"])
+    out = tmp_path / "pc"
+    out.mkdir()
+    (out / "config.json").write_text("notes\n")
+    msg = one_line_error(TMX, "pack", "-q", "--tp", "2", build, str(out))
+    assert f"{out}: holds config.json but no tmx-pack.log of an earlier tmx pack" in msg
+    assert [p.name for p in out.iterdir()] == ["config.json"]
+    assert (out / "config.json").read_text() == "notes\n"
+    # an earlier run of this pack: a file added to it is refused and kept
+    out = tmp_path / "pack"
+    run(TMX, "pack", "-q", "--tp", "2", build, str(out))
+    stray = out / "rank-1" / "experts" / "notes.txt"
+    stray.write_text("mine")
+    before = files(out)
+    msg = one_line_error(TMX, "pack", "-q", "--tp", "2", build, str(out))
+    assert f"{out}: holds rank-1/experts/notes.txt, which no earlier run of this tmx pack" in msg
+    assert files(out) == before
+    stray.unlink()
+    # a log from before files were claimed in it: a changed copy is not the pack's to replace
+    log = out / "tmx-pack.log"
+    log.write_text("".join(x for x in log.read_text().splitlines(True)
+                           if not x.startswith("writing ")))
+    (out / "config.json").unlink()  # a hard link of the rank folders' copies
+    (out / "config.json").write_text("notes\n")
+    msg = one_line_error(TMX, "pack", "-q", "--tp", "2", build, str(out))
+    assert f"{out}: holds config.json, which no earlier run" in msg
+    assert (out / "config.json").read_text() == "notes\n"
+    # claimed by the log, the same file is the pack's: a rerun writes it again, and leftover
+    # temporary files of an interrupted run go
+    with open(log, "a") as f:
+        f.write("writing config.json\n")
+    (out / "rank-0" / "config.json.tmp").write_text("half")
+    r = run(TMX, "pack", "-q", "--tp", "2", build, str(out))
+    assert "files written: 1," in r.stdout, r.stdout
+    assert sha256(out / "config.json") == sha256(builds["trellis-e4m3"] / "config.json")
+    assert not list(out.rglob("*.tmp"))
+    assert "every file matches" in run(TMX, "inspect", "--verify", str(out / "rank-0")).stdout
+
+
+def test_out_in_checkpoint_is_refused(builds, tmp_path):
+    src = tmp_path / "kB"
+    shutil.copytree(builds["trellis-e4m3"], src)
+    (tmp_path / "link").symlink_to(src)
+    before = files(src)
+    for out in (src, src / "experts", src / "new" / "..", tmp_path / "link" / "new"):
+        msg = one_line_error(TMX, "pack", "-q", "--tp", "2", str(src), str(out))
+        assert f"{out}: OUT is the checkpoint {src} or lies inside it" in msg
+    assert files(src) == before

@@ -6,7 +6,8 @@ the int8 example codec (tests/plugins/codec-int8.c, whose host path reads F32 no
 build must hold the files of §10.1 with the fields of §10.4, pass `tmx inspect --verify`, load
 and run in `tmx generate`, and its logits must track the unquantized model's. Damage to an
 expert file (a changed byte, truncation, removal, a stray file) must stop loading with the
-file's name.
+file's name. OUT appears only whole: a failed run leaves nothing, and one stopped by Ctrl-C
+leaves its OUT.partial-PID folder, which the next run on OUT removes.
 
 Logit bounds. muse-tiny is a random model whose logits amplify any weight error: MXFP8
 attention alone (experts exact) costs KL 0.15, and Gaussian noise of the relative MSE a K = 3
@@ -24,6 +25,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -294,3 +296,56 @@ def test_refusals(models, builds, tmp_path):
     err = run("quantize", "--model", models["bf16"], "--out", str(tmp_path / "d"), "--codec",
               "nonesuch", check=False).stderr
     assert "libtmx-codec-nonesuch.so" in err
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--bits", "4294967299"], "--bits"), (["--bits", "3.5"], "--bits"),
+    (["--window", "4294967298"], "--window"), (["--tokens", "1e9"], "--tokens"),
+])
+def test_bad_numbers_are_refused_by_option(tmp_path, args, option):
+    """Refused while the options are parsed (the model, absent here, is never opened): a
+    --bits of 2^32 + 3 used to build at 3 bits."""
+    r = run("quantize", "--model", str(tmp_path), "--out", str(tmp_path / "out"), "--codec",
+            "trellis-e4m3", *args, check=False)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"tmx quantize: {option} expects an integer "), lines[0]
+
+
+# --- the output folder -------------------------------------------------------------------------
+
+def test_failed_run_leaves_nothing(models, tmp_path):
+    """A run that fails after writing most of the build (its small files are copied last)
+    leaves neither OUT nor the folder it built in."""
+    src = tmp_path / "src"
+    shutil.copytree(models["f32"], src)
+    (src / "preprocessor_config.json").mkdir()  # a folder where a file is copied: fails
+    out = tmp_path / "out"
+    r = run("quantize", "--model", str(src), "--out", str(out), "--codec", "int8",
+            *plugin_args("int8"), check=False)
+    assert r.returncode == 1 and "preprocessor_config.json: Is a directory" in r.stderr
+    assert "writing the build's files" in r.stderr  # the shards and layers were written
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_interrupted_run_is_removed_by_the_next(models, tmp_path):
+    """Ctrl-C while layers are coded: OUT does not appear; the next run on OUT removes the
+    folder the killed one built in, says so, and makes the build."""
+    out = tmp_path / "out"
+    p = subprocess.Popen([TMX, "quantize", "--model", models["bf16"], "--out", str(out),
+                          "--codec", "trellis-e4m3", "--tokens", "64", "--window", "32",
+                          "--threads", "2"], stderr=subprocess.PIPE, text=True)
+    for line in p.stderr:
+        if "layer 1 (1/3)" in line:  # the shard and layer 1 are written, layer 2 is coding
+            p.send_signal(signal.SIGINT)
+            break
+    p.communicate()
+    assert p.returncode == -signal.SIGINT
+    assert not out.exists()
+    partial = pathlib.Path(os.path.realpath(tmp_path)) / f"out.partial-{p.pid}"
+    assert (partial / "model-00001-of-00001.safetensors").is_file()
+    r = quantize(models["f32"], out, "int8")
+    assert (f"{partial}: removed the unfinished build of an interrupted run (process {p.pid})"
+            in r.stderr), r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    assert "every file matches" in run("inspect", "--verify", str(out)).stdout

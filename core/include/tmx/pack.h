@@ -6,7 +6,7 @@
  *     OUT/tmx-pack.json          the pack index: tp, the source manifest's SHA-256, each rank's
  *                                folder and the SHA-256 of its manifest
  *     OUT/config.json, ...       the build's non-expert files, whole (what the engine opens)
- *     OUT/tmx-pack.log           one line per file written: what a rerun checks
+ *     OUT/tmx-pack.log           the files written: what a rerun checks and keeps
  *     OUT/rank-R/                rank R's build: the non-expert files (hard links to OUT's,
  *                                copies where links fail), coupled/ whole, experts/ holding
  *                                rank R's slice of every expert (gate/up rows, down columns
@@ -44,7 +44,9 @@ struct tmx_pack_report {
 
 /* Verifies every file of o->checkpoint against its manifest, then writes the pack (skipping
  * files that OUT/tmx-pack.log records and that still match), each under a temporary name
- * renamed when complete. Refuses an OUT that holds a pack of another checkpoint or tp. */
+ * renamed when complete. Refuses an OUT that is o->checkpoint or lies inside it, one that holds
+ * a pack of another checkpoint or tp, and one that holds any file an earlier run of this pack
+ * did not write (the log names every file before it is written). */
 enum tmx_status tmx_pack(const struct tmx_pack_options *o, struct tmx_pack_report *report,
                          char **err);
 

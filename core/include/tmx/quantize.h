@@ -42,7 +42,7 @@ struct tmx_quantize_progress {
 
 struct tmx_quantize_params {
     const char *model_dir;   /* BF16, F16 or F32 checkpoint */
-    const char *out_dir;     /* created if absent; must be empty */
+    const char *out_dir;     /* absent or an empty folder */
     const char *codec;       /* plugin codec.<codec>, which must have layer_encode */
     int bits;                /* bits per weight, handed to the codec */
     const char *calib_text;  /* UTF-8, calib_len bytes; NULL: tmx_quantize_builtin_calib */
@@ -60,8 +60,11 @@ struct tmx_quantize_params {
     void *progress_arg;
 };
 
-/* Runs the whole quantization. Every failure is one line naming the file, tensor, layer or
- * parameter; the output folder is left as it is for inspection. */
+/* Runs the whole quantization. The build is made in OUT.partial-PID beside out_dir (OUT: out_dir
+ * with its links resolved; PID: this process's) and renamed to OUT once its manifest is written,
+ * so that OUT holds a whole build or nothing. On failure that folder is removed; one left by a
+ * run that died (a signal) is removed by the next run on the same OUT, which logs it. Every
+ * failure is one line naming the file, tensor, layer or parameter. */
 enum tmx_status tmx_quantize(const struct tmx_quantize_params *p, char **err);
 
 #endif
