@@ -39,6 +39,7 @@ static const struct core_key {
     {"model_name", KEY_STR, "TMX_MODEL_NAME", "", 0, 0},
     {"max_running", KEY_INT, "TMX_MAX_RUNNING", "8", 1, 4096},
     {"max_waiting", KEY_INT, "TMX_MAX_WAITING", "64", 0, 1 << 20},
+    {"generation_config", KEY_BOOL, "TMX_GENERATION_CONFIG", "true", 0, 0},
     {"log_level", KEY_STR, "TMX_LOG_LEVEL", "info", 0, 0},
     {"verify", KEY_BOOL, "TMX_VERIFY", "true", 0, 0},
     {"kv_dtype", KEY_STR, "TMX_KV_DTYPE", "f32", 0, 0},

@@ -183,11 +183,51 @@ static enum tmx_status parse_eos(json_t *root, struct tmx_model_config *c, const
     return TMX_OK;
 }
 
-/* generation_config.json is optional; only its eos_token_id is read. */
+/* The sampling defaults of generation_config.json that vLLM applies: temperature, top_p,
+ * top_k, min_p, repetition_penalty and max_new_tokens (do_sample is not read). As vLLM, which
+ * reads the file's difference from transformers' GenerationConfig(), a value equal to
+ * transformers' default (`hf`: a top_k of 50) is not applied. */
+static enum tmx_status parse_sampling(json_t *root, struct tmx_sampling_defaults *g,
+                                      const char *path, char **err) {
+    static const struct {
+        const char *key;
+        double hf, lo, hi; /* [lo, hi], lo excluded when open */
+        int open, integer;
+    } field[] = {
+        {"temperature", 1, 0, 100, 0, 0},        {"top_p", 1, 0, 1, 1, 0},
+        {"top_k", 50, 0, 1 << 30, 0, 1},         {"min_p", 0, 0, 1, 0, 0},
+        {"repetition_penalty", 1, 0, 100, 1, 0}, {"max_new_tokens", 0, 1, 1 << 30, 0, 1},
+    };
+    double v[6] = {g->temperature, g->top_p, g->top_k, g->min_p, g->repetition_penalty,
+                   g->max_tokens};
+    for (int i = 0; i < 6; i++) {
+        double x = field[i].hf;
+        enum tmx_status st = get_num(root, field[i].key, &x, path, err);
+        if (st != TMX_OK) return st;
+        if (x == field[i].hf) continue;
+        if (!(field[i].open ? x > field[i].lo : x >= field[i].lo) || !(x <= field[i].hi) ||
+            (field[i].integer && x != (double)(int)x))
+            return tmx_err(err, TMX_ERR_INVALID, "%s: field \"%s\" must be %s in %s%g, %g], got "
+                           "%g", path, field[i].key, field[i].integer ? "an integer" : "a number",
+                           field[i].open ? "(" : "[", field[i].lo, field[i].hi, x);
+        v[i] = x;
+        g->from_file++;
+    }
+    g->temperature = (float)v[0];
+    g->top_p = (float)v[1];
+    g->top_k = (int)v[2];
+    g->min_p = (float)v[3];
+    g->repetition_penalty = (float)v[4];
+    g->max_tokens = (int)v[5];
+    return TMX_OK;
+}
+
+/* generation_config.json is optional: its eos_token_id and sampling defaults. */
 static enum tmx_status parse_generation_config(const char *dir, struct tmx_model_config *c,
                                                char **err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    c->gen = (struct tmx_sampling_defaults)TMX_SAMPLING_DEFAULTS;
     FILE *f = fopen(path, "r");
     if (!f) return TMX_OK;
     json_error_t jerr;
@@ -196,9 +236,10 @@ static enum tmx_status parse_generation_config(const char *dir, struct tmx_model
     if (!root)
         return tmx_err(err, TMX_ERR_INVALID, "%s:%d:%d: %s", path, jerr.line, jerr.column,
                        jerr.text);
-    enum tmx_status st = json_is_object(root)
-                             ? parse_eos(root, c, path, err)
-                             : tmx_err(err, TMX_ERR_INVALID, "%s: not a JSON object", path);
+    enum tmx_status st = !json_is_object(root)
+                             ? tmx_err(err, TMX_ERR_INVALID, "%s: not a JSON object", path)
+                             : parse_eos(root, c, path, err);
+    if (st == TMX_OK) st = parse_sampling(root, &c->gen, path, err);
     json_decref(root);
     return st;
 }

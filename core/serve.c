@@ -73,6 +73,7 @@ struct tmx_serve {
     int *b_n;                         /* [max_running] */
     struct request **b_req;           /* [max_running] */
     int *edit_at;                     /* [vocab_size] scratch of edits_of, kept zero */
+    struct tmx_sampling_defaults defaults; /* what requests sample with unless they say */
     struct tmx_template *chat;        /* the model's chat template, or NULL */
     json_t *special;                  /* bos_token / eos_token strings for the template */
     int32_t top_ids[TMX_MAX_TOP_LOGPROBS];
@@ -668,6 +669,17 @@ enum tmx_status tmx_serve_new(struct tmx_engine *e, struct tmx_serve **out, char
     s->vocab_size = tmx_model_cfg(s->m)->vocab_size;
     s->n_vocab = tmx_engine_n_vocab(e);
     s->next_id = 1;
+    s->defaults = (struct tmx_sampling_defaults)TMX_SAMPLING_DEFAULTS;
+    const struct tmx_sampling_defaults *gen = &tmx_model_cfg(s->m)->gen;
+    if (gen->from_file && tmx_config_bool(cfg, "generation_config")) {
+        s->defaults = *gen;
+        tmx_log(TMX_LOG_INFO, "sampling defaults from generation_config.json (requests that set "
+                "them override; config key generation_config=false drops them): temperature %g, "
+                "top_p %g, top_k %d, min_p %g, repetition_penalty %g, max_tokens %d%s",
+                (double)gen->temperature, (double)gen->top_p, gen->top_k, (double)gen->min_p,
+                (double)gen->repetition_penalty, gen->max_tokens,
+                gen->max_tokens ? "" : " (the context left)");
+    }
     s->running = calloc((size_t)s->max_running, sizeof *s->running);
     s->gone = calloc((size_t)s->max_running, sizeof *s->gone);
     const size_t R = (size_t)s->max_running;
@@ -905,5 +917,5 @@ void tmx_serve_table(struct tmx_serve *s, const char *model_name, struct tmx_ser
         .token_bytes = api_token_bytes, .find_token = api_find_token,
         .chat_render = api_chat_render, .release = free,
         .max_requests = s->max_running + s->max_waiting, .token_special = api_token_special,
-        .stop = tmx_serve_stop};
+        .stop = tmx_serve_stop, .defaults = &s->defaults};
 }

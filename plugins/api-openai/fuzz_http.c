@@ -24,6 +24,7 @@
 
 static char bytes[256];
 static const int32_t eos = 0;
+static const struct tmx_sampling_defaults defaults = TMX_SAMPLING_DEFAULTS;
 static uint64_t next_id = 1;
 
 static enum tmx_status fake_submit(struct tmx_serve *s, const struct tmx_request_params *p,
@@ -91,7 +92,8 @@ static const struct tmx_serve_i table = {
     .eos_ids = &eos, .n_eos = 1, .bos_id = -1, .submit = fake_submit, .cancel = fake_cancel,
     .metrics = fake_metrics, .tokenize = fake_tokenize, .token_bytes = fake_token_bytes,
     .find_token = fake_find_token, .chat_render = fake_render, .release = free,
-    .max_requests = 72, .token_special = fake_token_special, .stop = fake_cancel};
+    .max_requests = 72, .token_special = fake_token_special, .stop = fake_cancel,
+    .defaults = &defaults};
 
 /* --- a host table with the options' fuzzing values ---------------------------------------- */
 

@@ -2,8 +2,9 @@
  * that /v1/chat/completions and /v1/completions share.
  *
  * Unknown members are ignored (clients send many); a known member of the wrong type or out of
- * range is a 400 naming it; null reads as absent. Defaults follow the OpenAI API: temperature 1,
- * top_p 1, n 1, max_tokens the context left after the prompt. */
+ * range is a 400 naming it; null reads as absent. Defaults follow the OpenAI API (temperature 1,
+ * top_p 1, n 1, max_tokens the context left after the prompt) where the model's
+ * generation_config.json does not give its own (tmx_serve_i.defaults, as vLLM). */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -208,9 +209,11 @@ static enum tmx_status check_response_format(const json_t *body, struct api_fail
 
 enum tmx_status params_parse(struct api *a, const json_t *body, enum endpoint ep,
                              struct gen_params *p, struct api_fail *f) {
+    const struct tmx_sampling_defaults *d = a->si->defaults;
     *p = (struct gen_params){
-        .req = {.sampling = {.temperature = 1.0f, .top_p = 1.0f}, .repetition_penalty = 1.0f,
-                .top_logprobs = -1},
+        .req = {.sampling = {.temperature = d->temperature, .top_k = d->top_k, .top_p = d->top_p,
+                             .min_p = d->min_p},
+                .repetition_penalty = d->repetition_penalty, .top_logprobs = -1},
         .n = 1,
         .max_tokens_param = "max_tokens",
         .skip_special = 1,
@@ -218,7 +221,7 @@ enum tmx_status params_parse(struct api *a, const json_t *body, enum endpoint ep
     json_t *model = body_get(body, "model");
     if (model && !json_is_string(model))
         return api_failf(f, 400, "model", "model: expected a string, got %s", type_name(model));
-    long long n = 1, top_k = 0, max_tokens = 0, seed = 0, top_lp = -1, lp_int = -1;
+    long long n = 1, top_k = d->top_k, max_tokens = 0, seed = 0, top_lp = -1, lp_int = -1;
     struct tmx_sampler_params *s = &p->req.sampling;
     enum tmx_status st;
     if ((st = get_float(body, "temperature", 0, 100, &s->temperature, f)) ||
@@ -293,6 +296,7 @@ enum tmx_status params_fit(const struct api *a, const struct gen_params *p, int 
                          "tokens. However, you requested %d tokens (%d in the %s, %d in the "
                          "completion). Please reduce the length of the %s or completion.", ctx,
                          n_prompt + p->max_tokens, n_prompt, what, p->max_tokens, what);
-    *max_tokens = p->max_tokens ? p->max_tokens : ctx - n_prompt;
+    const int left = ctx - n_prompt, d = a->si->defaults->max_tokens; /* d: the model's cap */
+    *max_tokens = p->max_tokens ? p->max_tokens : d && d < left ? d : left;
     return TMX_OK;
 }

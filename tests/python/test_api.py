@@ -55,7 +55,7 @@ class Server:
         self.model_dir = model_dir
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.log = open(os.path.join(model_dir, "serve.log"), "w+")
+        self.log = open(os.path.join(model_dir, f"serve-{self.port}.log"), "w+")
         args = [TMX, "serve", "--model", model_dir, "--port", str(self.port)]
         for s in settings:
             args += ["--set", s]
@@ -159,6 +159,24 @@ def harmony(tmp_path_factory):
     server = Server(model)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def configured(tmp_path_factory):
+    """muse-tiny whose generation_config.json asks for greedy decoding and at most 5 new tokens
+    (and top_k 50, transformers' default, which is not taken), served twice: as it says, and
+    with config key generation_config off."""
+    model = make_model(tmp_path_factory, "api-configured")
+    path = os.path.join(model, "generation_config.json")
+    with open(path) as f:
+        gen = json.load(f)
+    gen.update(temperature=0.0, top_k=50, max_new_tokens=5)
+    with open(path, "w") as f:
+        json.dump(gen, f)
+    servers = Server(model), Server(model, "generation_config=false")
+    yield servers
+    for s in servers:
+        s.stop()
 
 
 def raw(server, method, path, body=None, headers=None):
@@ -306,6 +324,21 @@ def test_n_and_seed(tiny):
     one = client.completions.create(prompt="Hello there", **kw).choices[0].text
     two = client.completions.create(prompt=["Hi", "Hello there"], **kw).choices
     assert two[1].text == one
+
+
+def test_generation_config_defaults(configured):
+    served, plain = configured
+    assert "sampling defaults from generation_config.json" in served.output()
+    kw = dict(model="m", prompt="Four score and seven years ago", extra_body={"ignore_eos": True})
+    greedy = served.client().completions.create(temperature=0, max_tokens=5, **kw)
+    r = served.client().completions.create(**kw)  # greedy and 5 tokens, from the model's file
+    assert r.usage.completion_tokens == 5 and r.choices[0].text == greedy.choices[0].text
+    r = served.client().completions.create(max_tokens=7, seed=3, temperature=1.0, **kw)
+    assert r.usage.completion_tokens == 7  # what a request sets wins
+    r = plain.client().completions.create(max_tokens=40, seed=3, **kw)  # OpenAI's temperature 1
+    again = plain.client().completions.create(max_tokens=40, seed=4, **kw)
+    assert r.choices[0].text != again.choices[0].text
+    assert "generation_config.json" not in plain.output()
 
 
 def test_more_choices_than_the_server_holds(tiny):
@@ -639,13 +672,15 @@ def test_metrics(tiny):
     for name in ("kv_cache_usage_perc", "num_requests_waiting", "prefix_cache_queries_total",
                  "prefix_cache_hits_total", "inter_token_latency_seconds_sum"):
         assert "tmx:" + name + label in values
-    # a stop string ends the request as stopped, not aborted
+    # a stop string ends the request as stopped, not aborted (max_tokens far beyond it: the
+    # scheduler runs ahead of the front end, and one that reached max_tokens first is counted
+    # as finished by length)
     full = tiny.client().completions.create(model="m", prompt="We the People", max_tokens=16,
                                             **GREEDY).choices[0].text
     stop, _ = printable_stop(full)
     reason = f'tmx:request_success_total{{model_name="{model}",finished_reason="%s"}}'
     before = metric_values(tiny)
-    r = tiny.client().completions.create(model="m", prompt="We the People", max_tokens=16,
+    r = tiny.client().completions.create(model="m", prompt="We the People", max_tokens=1000,
                                          stop=stop, **GREEDY)
     assert r.choices[0].finish_reason == "stop"
     deadline = time.monotonic() + 10  # the scheduler counts it within a step

@@ -280,7 +280,7 @@ static void test_print(void **state) {
     assert_string_equal(
         json_string_value(json_object_get(json_object_get(plugins, "kernels.cpu"), "label")),
         "fast");
-    assert_int_equal(json_object_size(j), 21); /* every core key and "plugins" */
+    assert_int_equal(json_object_size(j), 22); /* every core key and "plugins" */
     json_decref(j);
     tmx_config_free(cfg);
     unlink(path);

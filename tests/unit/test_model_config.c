@@ -121,10 +121,55 @@ static void test_edges_load(void **state) {
     assert_int_equal(c.max_position_embeddings, 4096);
 }
 
+/* generation_config.json's sampling values, as vLLM takes them: those that differ from
+ * transformers' defaults, checked. */
+static void test_sampling_defaults(void **state) {
+    (void)state;
+    write_config("");
+    struct tmx_model_config c;
+    char *err = NULL;
+    assert_int_equal(tmx_model_config_load(dir, &c, &err), TMX_OK); /* no file: OpenAI's */
+    assert_true(c.gen.temperature == 1 && c.gen.top_p == 1 && c.gen.min_p == 0 &&
+                c.gen.repetition_penalty == 1);
+    assert_int_equal(c.gen.top_k, 0);
+    assert_int_equal(c.gen.max_tokens, 0);
+    assert_int_equal(c.gen.from_file, 0);
+    write_generation_config("{\"do_sample\": true, \"temperature\": 0.6, \"top_p\": 0.9, "
+                            "\"top_k\": 20, \"min_p\": 0.05, \"repetition_penalty\": 1.1, "
+                            "\"max_new_tokens\": 300}");
+    if (tmx_model_config_load(dir, &c, &err) != TMX_OK) fail_msg("%s", err);
+    assert_true(c.gen.temperature == 0.6f && c.gen.top_p == 0.9f && c.gen.min_p == 0.05f &&
+                c.gen.repetition_penalty == 1.1f);
+    assert_int_equal(c.gen.top_k, 20);
+    assert_int_equal(c.gen.max_tokens, 300);
+    assert_int_equal(c.gen.from_file, 6);
+    write_generation_config("{\"top_k\": 50, \"temperature\": 1.0, \"do_sample\": false}");
+    assert_int_equal(tmx_model_config_load(dir, &c, &err), TMX_OK);
+    assert_int_equal(c.gen.top_k, 0); /* transformers' default: not applied, as in vLLM */
+    assert_int_equal(c.gen.from_file, 0);
+    static const struct {
+        const char *text, *field, *why;
+    } bad[] = {
+        {"{\"temperature\": -0.5}", "temperature", "must be a number in [0, 100], got -0.5"},
+        {"{\"top_p\": 0}", "top_p", "must be a number in (0, 1], got 0"},
+        {"{\"top_k\": 2.5}", "top_k", "must be an integer"},
+        {"{\"min_p\": 2}", "min_p", "got 2"},
+        {"{\"repetition_penalty\": 0}", "repetition_penalty", "(0, 100]"},
+        {"{\"max_new_tokens\": -3}", "max_new_tokens", "must be an integer in [1, "},
+        {"{\"temperature\": \"hot\"}", "temperature", "must be a number"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_generation_config(bad[i].text);
+        expect_refused("generation_config.json", bad[i].field, bad[i].why);
+    }
+    write_generation_config(NULL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_edges_load, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sampling_defaults, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

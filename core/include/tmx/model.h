@@ -13,6 +13,7 @@
 #include "tmx/kernels.h"
 #include "tmx/loader.h"
 #include "tmx/safetensors.h"
+#include "tmx/sampler.h"
 #include "tmx/status.h"
 
 #define TMX_MAX_LAYERS 256
@@ -45,6 +46,7 @@ struct tmx_model_config {
     int bos_token_id;                /* -1: none */
     int eos_token_ids[TMX_MAX_EOS];
     int n_eos;
+    struct tmx_sampling_defaults gen; /* generation_config.json's sampling values */
 };
 
 /* Parses DIR/config.json; every error names the file and the field. */

@@ -23,6 +23,17 @@ struct tmx_sampler_params {
     uint64_t seed;
 };
 
+/* What a request samples with when it does not say: OpenAI's defaults (temperature 1, top_p 1,
+ * no top_k, min_p or repetition penalty, the context left for max_tokens), or those of a
+ * model's generation_config.json (tmx_model_config.gen). */
+struct tmx_sampling_defaults {
+    float temperature, top_p, min_p, repetition_penalty;
+    int top_k;
+    int max_tokens; /* 0: the context left after the prompt */
+    int from_file;  /* how many of them generation_config.json gave */
+};
+#define TMX_SAMPLING_DEFAULTS {1.0f, 1.0f, 0.0f, 1.0f, 0, 0, 0}
+
 struct tmx_sampler;
 
 /* Rejects out-of-range parameters with a message naming the parameter. */

@@ -135,6 +135,8 @@ struct tmx_serve_i {
     int (*token_special)(struct tmx_serve *s, int32_t id); /* a special token's text is left
                                                               out by default */
     void (*stop)(struct tmx_serve *s, uint64_t id); /* tmx_serve_stop */
+    const struct tmx_sampling_defaults *defaults; /* what a request that does not set them
+                                                     samples with (config generation_config) */
 };
 
 /* Fills the table for s; model_name must outlive it. */
