@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "tmx/config.h"
 #include "tmx/kvcache.h"
@@ -314,6 +315,11 @@ static enum tmx_status read_key(struct tmx_config *cfg, const char *path, const 
 static enum tmx_status read_file(struct tmx_config *cfg, const char *path, char **err) {
     FILE *f = fopen(path, "r");
     if (!f) return tmx_err(err, TMX_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) { /* fopen takes a folder */
+        fclose(f);
+        return tmx_err(err, TMX_ERR_INVALID, "%s: is a folder, not a configuration file", path);
+    }
     json_error_t je;
     json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &je);
     fclose(f);

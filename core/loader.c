@@ -286,9 +286,19 @@ refuse:
 
 /* Appends dir/file's dir to `tried` (for the not-found message) and says whether the file is
  * there; *found gets the path when it is. */
+/* Whether dir[0..n) is an entry of the ", "-separated list. */
+static int listed(const char *list, const char *dir, size_t n) {
+    for (const char *p = list; *p; p += strspn(p, ", ")) {
+        const size_t len = strcspn(p, ",");
+        if (len == n && memcmp(p, dir, n) == 0) return 1;
+        p += len;
+    }
+    return 0;
+}
+
 static int look_in(const char *dir, size_t dir_len, const char *file, char *tried, size_t size,
                    char **found) {
-    if (dir_len == 0) return 0;
+    if (dir_len == 0 || listed(tried, dir, dir_len)) return 0; /* libtmx beside the program */
     size_t len = strlen(tried);
     snprintf(tried + len, size - len, "%s%.*s", len ? ", " : "", (int)dir_len, dir);
     char path[PATH_MAX];

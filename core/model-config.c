@@ -1,5 +1,6 @@
 /* model-config.c: config.json -> struct tmx_model_config, with docs/model.md's defaults, and
  * the core's members of hf_quant_config.json -> struct tmx_quant_config. */
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -352,6 +353,9 @@ enum tmx_status tmx_model_config_load(const char *dir, struct tmx_model_config *
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_error_t jerr;
+    if (access(path, R_OK) != 0)
+        return tmx_err(err, errno == ENOENT ? TMX_ERR_NOT_FOUND : TMX_ERR_IO, "%s: %s", path,
+                       strerror(errno));
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
         return tmx_err(err, TMX_ERR_INVALID, "%s:%d:%d: %s", path, jerr.line, jerr.column,

@@ -76,6 +76,12 @@ enum tmx_status tmx_chat_template_load(const char *model_dir, struct tmx_templat
         st = tmx_err(err, TMX_ERR_INVALID, "%s:%d: %s", config_path, jerr.line, jerr.text);
         goto done;
     }
+    json_t *ct = config ? json_object_get(config, "chat_template") : NULL;
+    if (ct && !json_is_null(ct) && !json_is_string(ct) && !json_is_array(ct)) {
+        st = tmx_err(err, TMX_ERR_INVALID, "%s: field \"chat_template\" must be a string or a "
+                     "list of {\"name\", \"template\"}", config_path);
+        goto done;
+    }
     if (config && special_tokens(config, tokens) != TMX_OK) {
         st = tmx_err(err, TMX_ERR_NOMEM, "%s: out of memory", config_path);
         goto done;

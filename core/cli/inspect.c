@@ -127,7 +127,11 @@ int cmd_inspect(int argc, char **argv) {
         }
     }
     if (!eo.model && optind < argc) eo.model = argv[optind++];
-    if (!eo.model || optind < argc) {
+    if (optind < argc) {
+        fprintf(stderr, "tmx inspect: unexpected argument \"%s\"\n%s", argv[optind], usage);
+        return 2;
+    }
+    if (!eo.model) {
         fputs(usage, stderr);
         return 2;
     }

@@ -165,6 +165,16 @@ def test_generate_cli_errors_are_one_line(tiny, tmp_path):
     r = subprocess.run([tmx, "generate", "--model", tiny, "--prompt", "x", "--temperature", "-1"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "temperature" in r.stderr and r.stderr.count("\n") == 1
+    r = subprocess.run([tmx, "generate", "--model", tiny, "--prompt", "x", "--config",
+                        str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode != 0 and r.stderr == f"tmx generate: {tmp_path}: is a folder, not a " \
+                                             "configuration file\n"
+    r = subprocess.run([tmx, "generate", "--model", tiny, "--prompt", "x", "--set",
+                        "kernels=nope"], capture_output=True, text=True)
+    searched = r.stderr.split(" not found in ")[1].strip().split(", ")
+    assert r.returncode != 0 and len(searched) == len(set(searched)), r.stderr
+    r = subprocess.run([tmx, "inspect", tiny, "more"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith('tmx inspect: unexpected argument "more"')
 
 
 def copy_model(src, dst, tensors=None, tokenizer=None):

@@ -568,6 +568,11 @@ static void test_loader(void **state) {
     assert_int_equal(st, TMX_ERR_INVALID);
     assert_non_null(strstr(err, "tokenizer_config.json"));
     free(err), err = NULL;
+    put_file("tokenizer_config.json", "{\"chat_template\": 5}");
+    out = load_and_render(&st, &err);
+    assert_int_equal(st, TMX_ERR_INVALID);
+    assert_non_null(strstr(err, "tokenizer_config.json: field \"chat_template\" must be"));
+    free(err), err = NULL;
 
     drop_file("tokenizer_config.json");
     rmdir(model_dir);
