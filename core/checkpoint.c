@@ -260,6 +260,11 @@ const char *tmx_checkpoint_at(const struct tmx_checkpoint *ck, size_t i, struct 
     return e->name;
 }
 
+int64_t tmx_checkpoint_index(const struct tmx_checkpoint *ck, const char *name) {
+    const struct entry *e = find_entry(ck, name);
+    return e ? e - ck->entries : -1;
+}
+
 int tmx_checkpoint_find(const struct tmx_checkpoint *ck, const char *name, struct tmx_tensor *t) {
     const struct entry *e = find_entry(ck, name);
     if (!e) return -1;

@@ -42,6 +42,7 @@ struct tmx_model {
     int n_imported, cap_imported;
     void **owned;                                 /* host arrays converted at load time */
     int n_owned, cap_owned;
+    unsigned char *bound;                         /* [checkpoint tensors] while loading: read */
     const struct tmx_plugin *codec;               /* routed experts' codec, or NULL */
     const struct tmx_codec_i *codec_ops;
     void *codec_ctx;

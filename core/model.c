@@ -46,6 +46,16 @@ struct cut {
     int zero_row;
 };
 
+/* tmx_checkpoint_find, noting that the graph reads the tensor (tensors it never reads are
+ * named once the model is loaded). */
+static int find(struct tmx_model *m, const struct tmx_checkpoint *ck, const char *name,
+                struct tmx_tensor *t) {
+    const int64_t i = tmx_checkpoint_index(ck, name);
+    if (i < 0) return -1;
+    m->bound[i] = 1;
+    return tmx_checkpoint_find(ck, name, t);
+}
+
 /* Whether an MXFP8 tensor can be cut as c says: rows, or columns in whole blocks of 32. */
 static int mxfp8_cuts(const struct cut *c) {
     return !c || (!c->zero_row && (!c->cols || (c->lo % 32 == 0 && c->len % 32 == 0)));
@@ -61,7 +71,7 @@ static enum tmx_status pack_mxfp8(struct tmx_model *m, const struct tmx_checkpoi
     struct tmx_tensor sc;
     snprintf(sname, sizeof sname, "%s_scale", name);
     const int64_t rows = t->shape[0], cols = t->ndim == 2 ? t->shape[1] : 1;
-    if (tmx_checkpoint_find(ck, sname, &sc) != 0 || sc.dtype != TMX_DTYPE_U8 || sc.ndim != 2 ||
+    if (find(m, ck, sname, &sc) != 0 || sc.dtype != TMX_DTYPE_U8 || sc.ndim != 2 ||
         t->ndim != 2 || cols % 32 || sc.shape[0] != rows || sc.shape[1] != cols / 32)
         return tmx_err(err, TMX_ERR_INVALID,
                        "%s: F8_E4M3 tensor %s needs %s, U8 [%lld][%lld] (one UE8M0 scale per 32)",
@@ -146,7 +156,7 @@ static enum tmx_status bind_cut(struct tmx_model *m, const struct tmx_checkpoint
     struct tmx_tensor host;
     enum tmx_status st;
     memset(dev, 0, sizeof *dev);
-    if (tmx_checkpoint_find(ck, name, &host) != 0)
+    if (find(m, ck, name, &host) != 0)
         return flags & BIND_OPTIONAL ? TMX_OK
                         : tmx_err(err, TMX_ERR_NOT_FOUND, "%s: tensor %s is missing",
                                   tmx_checkpoint_dir(ck), name);
@@ -215,7 +225,7 @@ static enum tmx_status bind_bias(struct tmx_model *m, const struct tmx_checkpoin
     char n[256];
     struct tmx_tensor host;
     memset(&ly->router_bias, 0, sizeof ly->router_bias);
-    if (tmx_checkpoint_find(ck, NAME(n, "model.layers.%d.mlp.router.correction_bias", l), &host))
+    if (find(m, ck, NAME(n, "model.layers.%d.mlp.router.correction_bias", l), &host))
         return TMX_OK;
     if (host.dtype == TMX_DTYPE_F32) return bind(m, ck, &ly->router_bias, 0, err, n,
                                                  m->cfg.n_routed_experts, -1);
@@ -473,6 +483,19 @@ static enum tmx_status bind_ends(struct tmx_model *m, const struct tmx_checkpoin
     return st;
 }
 
+/* Tensors of the checkpoint that the graph did not read: config.json may describe another
+ * model than the weights (fewer layers, no shared expert, ...), or the checkpoint carries parts
+ * tmx does not run (vision towers, a drafter). Named, not refused. */
+static void warn_unread(const struct tmx_model *m, const struct tmx_checkpoint *ck) {
+    size_t n = 0, first = 0;
+    for (size_t i = tmx_checkpoint_count(ck); i-- > 0;)
+        if (!m->bound[i]) n++, first = i;
+    if (n)
+        tmx_log(TMX_LOG_WARN, "%s: %zu tensor%s of the checkpoint %s not used by the model that "
+                "config.json describes (the first: %s)", tmx_checkpoint_dir(ck), n,
+                n == 1 ? "" : "s", n == 1 ? "is" : "are", tmx_checkpoint_at(ck, first, NULL, NULL));
+}
+
 enum tmx_status tmx_model_load_rank(const struct tmx_checkpoint *ck, const struct tmx_kernels *k,
                                     struct tmx_plugins *ps, const struct tmx_model_tp *tp,
                                     struct tmx_model **out, char **err) {
@@ -496,8 +519,14 @@ enum tmx_status tmx_model_load_rank(const struct tmx_checkpoint *ck, const struc
         m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
         if (!m->layers) st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
+    const size_t n_tensors = tmx_checkpoint_count(ck);
+    if (st == TMX_OK && !(m->bound = calloc(n_tensors ? n_tensors : 1, 1)))
+        st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     if (st == TMX_OK) st = bind_ends(m, ck, err);
     for (int l = 0; st == TMX_OK && l < c->n_layers; l++) st = bind_layer(m, ck, l, err);
+    if (st == TMX_OK && m->tp.rank == 0) warn_unread(m, ck);
+    free(m->bound);
+    m->bound = NULL;
     if (st == TMX_OK) st = upload_freqs(m, c->rope_theta, &m->inv_freq_full, err);
     if (st == TMX_OK) st = upload_freqs(m, c->rope_local_theta, &m->inv_freq_local, err);
     if (st != TMX_OK) {

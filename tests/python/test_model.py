@@ -261,3 +261,25 @@ def test_tokenizer_id_beyond_the_model_is_named(tiny, tmp_path):
             f"{model}/tokenizer.json: token id 600 is not below the model's vocab_size (576, "
             f"{model}/config.json)")):
         Engine(model)
+
+
+def test_tensors_the_model_does_not_read_are_named(tiny, tmp_path):
+    """config.json that describes one layer fewer than the weights: the last layer's tensors
+    are loaded by nothing, and tmx says so (it still runs the model the config describes)."""
+    model = copy_model(tiny, tmp_path / "fewer-layers")
+    path = os.path.join(model, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    last = cfg["num_hidden_layers"] - 1
+    cfg["num_hidden_layers"] = last
+    cfg["layer_types"] = cfg["layer_types"][:last]
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    r = subprocess.run([os.path.join(BIN_DIR, "tmx"), "generate", "--model", model, "--prompt",
+                        PROMPTS[0], "-n", "1"], capture_output=True, text=True, check=True)
+    assert re.search(rf"warning: {re.escape(model)}: \d+ tensors of the checkpoint are not used "
+                     rf"by the model that config.json describes \(the first: model\.layers\."
+                     rf"{last}\.", r.stderr), r.stderr
+    r = subprocess.run([os.path.join(BIN_DIR, "tmx"), "generate", "--model", tiny, "--prompt",
+                        PROMPTS[0], "-n", "1"], capture_output=True, text=True, check=True)
+    assert "not used" not in r.stderr

@@ -62,5 +62,7 @@ const char *tmx_checkpoint_at(const struct tmx_checkpoint *ck, size_t i, struct 
                               const char **file);
 /* Returns 0 and fills *t, or -1 if absent. */
 int tmx_checkpoint_find(const struct tmx_checkpoint *ck, const char *name, struct tmx_tensor *t);
+/* The index of tensor `name` in tmx_checkpoint_at's order, or -1 if absent. */
+int64_t tmx_checkpoint_index(const struct tmx_checkpoint *ck, const char *name);
 
 #endif
