@@ -147,10 +147,10 @@ enum endpoint { ENDPOINT_CHAT, ENDPOINT_COMPLETIONS };
 enum tmx_status params_parse(struct api *a, const json_t *body, enum endpoint ep,
                              struct gen_params *p, struct api_fail *f);
 void params_free(struct gen_params *p);
-/* Checks the prompt against the context and settles max_tokens; `what` names the prompt
- * parameter ("messages" or "prompt") in the error. */
+/* Checks prompt `index` of a batch (-1: the only one) against the context and settles
+ * max_tokens; `what` names the prompt parameter ("messages" or "prompt") in the error. */
 enum tmx_status params_fit(const struct api *a, const struct gen_params *p, int n_prompt,
-                           const char *what, int *max_tokens, struct api_fail *f);
+                           const char *what, int index, int *max_tokens, struct api_fail *f);
 
 /* --- gen.c: jobs --------------------------------------------------------------------------- */
 

@@ -508,7 +508,8 @@ enum tmx_status job_start(struct job *j, struct api_fail *f) {
         struct tmx_request_params rp = j->p.req;
         rp.prompt = j->prompts[ch->prompt];
         rp.n_prompt = j->n_prompt[ch->prompt];
-        st = params_fit(j->api, &j->p, rp.n_prompt, j->fmt->prompt_param, &rp.max_tokens, f);
+        st = params_fit(j->api, &j->p, rp.n_prompt, j->fmt->prompt_param,
+                        j->n_prompts > 1 ? ch->prompt : -1, &rp.max_tokens, f);
         if (st != TMX_OK) break;
         rp.sampling.seed = j->p.seeded ? j->p.req.sampling.seed + (uint64_t)(i % j->p.n)
                                        : api_random(j->api);

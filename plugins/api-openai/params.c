@@ -285,17 +285,20 @@ void params_free(struct gen_params *p) {
 }
 
 enum tmx_status params_fit(const struct api *a, const struct gen_params *p, int n_prompt,
-                           const char *what, int *max_tokens, struct api_fail *f) {
+                           const char *what, int index, int *max_tokens, struct api_fail *f) {
     const int ctx = a->si->max_model_len;
+    char name[64]; /* "prompt", or "prompt[3]" of a batch */
+    if (index < 0) snprintf(name, sizeof name, "%s", what);
+    else snprintf(name, sizeof name, "%s[%d]", what, index);
     if (n_prompt >= ctx)
         return api_failf(f, 400, what, "This model's maximum context length is %d tokens. "
                          "However, your %s resulted in %d tokens, which leaves no room to "
-                         "generate.", ctx, what, n_prompt);
+                         "generate.", ctx, name, n_prompt);
     if (p->max_tokens > ctx - n_prompt)
         return api_failf(f, 400, p->max_tokens_param, "This model's maximum context length is %d "
                          "tokens. However, you requested %d tokens (%d in the %s, %d in the "
                          "completion). Please reduce the length of the %s or completion.", ctx,
-                         n_prompt + p->max_tokens, n_prompt, what, p->max_tokens, what);
+                         n_prompt + p->max_tokens, n_prompt, name, p->max_tokens, what);
     const int left = ctx - n_prompt, d = a->si->defaults->max_tokens; /* d: the model's cap */
     *max_tokens = p->max_tokens ? p->max_tokens : d && d < left ? d : left;
     return TMX_OK;

@@ -352,6 +352,11 @@ def test_more_choices_than_the_server_holds(tiny):
     assert len(client.completions.create(model="m", prompt="Hi", max_tokens=1, n=72).choices) == 72
     r = client.completions.create(model="m", prompt="Hi", max_tokens=1, n=2, best_of=2.0)
     assert len(r.choices) == 2
+    ctx = client.models.list().data[0].model_extra["max_model_len"]
+    with pytest.raises(openai.BadRequestError) as e:  # a batch's error says which prompt
+        client.completions.create(model="m", prompt=[[5] * 10, [5] * ctx], max_tokens=1)
+    assert e.value.param == "prompt" and f"your prompt[1] resulted in {ctx} tokens" in \
+        e.value.message
 
 
 def test_special_tokens_skipped_unless_asked(tiny):
