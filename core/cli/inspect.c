@@ -80,27 +80,28 @@ static void print_tensors(const struct tmx_checkpoint *ck, int list) {
     printf("  all      %6zu tensors %14zu bytes, %lld elements\n", n, total, (long long)params);
 }
 
-/* The codec a checkpoint's hf_quant_config.json asks for, if any. */
-static void print_plugins(const char *dir, const struct tmx_config *cfg,
-                          const struct tmx_plugins *ps) {
+/* The codec a checkpoint's hf_quant_config.json asks for, if any; a file that does not read is
+ * printed and returned (the model would not load). */
+static enum tmx_status print_plugins(const char *dir, const struct tmx_config *cfg,
+                                     const struct tmx_plugins *ps, char **err) {
     printf("plugins needed:\n  kernels.%s    (config key \"kernels\")\n",
            tmx_config_str(cfg, "kernels"));
     struct tmx_quant_config q;
-    char *err = NULL;
-    if (tmx_quant_config_load(dir, &q, &err) != TMX_OK)
-        printf("  codec unknown: %s\n", err);
+    const enum tmx_status st = tmx_quant_config_load(dir, &q, err);
+    if (st != TMX_OK)
+        printf("  codec unknown: %s\n", *err);
     else if (!q.present)
         printf("  no codec (no hf_quant_config.json: dense weights)\n");
     else
         printf("  codec.%s for quant_method \"%s\" (%s)\n", *q.codec ? q.codec : "?",
                q.quant_method, q.path);
-    free(err);
     printf("plugins loaded:\n");
     for (size_t i = 0; i < tmx_plugins_count(ps); i++) {
         const char *file;
         const struct tmx_plugin *p = tmx_plugins_at(ps, i, &file);
         printf("  %s.%s %s  %s\n", tmx_plugin_kind_name(p->kind), p->name, p->version, file);
     }
+    return st;
 }
 
 int cmd_inspect(int argc, char **argv) {
@@ -159,7 +160,7 @@ int cmd_inspect(int argc, char **argv) {
         printf("model: %s\n", eo.model);
         print_config(&mc);
         print_tensors(ck, list);
-        print_plugins(eo.model, cfg, ps);
+        st = print_plugins(eo.model, cfg, ps, &err);
     }
     tmx_plugins_free(ps);
     tmx_checkpoint_free(ck);

@@ -283,3 +283,14 @@ def test_tensors_the_model_does_not_read_are_named(tiny, tmp_path):
     r = subprocess.run([os.path.join(BIN_DIR, "tmx"), "generate", "--model", tiny, "--prompt",
                         PROMPTS[0], "-n", "1"], capture_output=True, text=True, check=True)
     assert "not used" not in r.stderr
+
+
+def test_inspect_fails_on_a_quant_config_that_does_not_read(tiny, tmp_path):
+    model = copy_model(tiny, tmp_path / "bad-quant-config")
+    with open(os.path.join(model, "hf_quant_config.json"), "w") as f:
+        f.write('{"codec": 5}')
+    r = subprocess.run([os.path.join(BIN_DIR, "tmx"), "inspect", model, "--no-tensors"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "codec unknown" in r.stdout
+    assert r.stderr == f'tmx inspect: {model}/hf_quant_config.json: field "codec" must be a ' \
+                       'string\n'
