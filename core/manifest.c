@@ -347,9 +347,13 @@ static int is_listed(const struct file_list *listed, const char *rel) {
     return bsearch(&rel, listed->path, listed->n, sizeof rel, cmp_str) != NULL;
 }
 
-/* One entry of "layers": chunks from expert 0 on, without gap or overlap, and listed files. */
+/* One entry of "layers": an MoE layer of config.json not listed before (seen[n_layers]),
+ * chunks from expert 0 to the last without gap or overlap, each file listed and named for its
+ * layer and experts (docs/trellismx.md §10.2). */
 static enum tmx_status check_layer(const char *dir, const char *mpath, json_t *entry,
-                                   const struct file_list *listed, int hashes, char **err) {
+                                   const struct file_list *listed, int hashes,
+                                   const struct tmx_model_config *mc, unsigned char *seen,
+                                   char **err) {
     json_t *experts = json_object_get(entry, "experts"), *coupled = json_object_get(entry,
                                                                                       "coupled");
     const char *cpath = json_string_value(json_object_get(coupled, "path"));
@@ -359,9 +363,15 @@ static enum tmx_status check_layer(const char *dir, const char *mpath, json_t *e
         !json_array_size(experts) || !cpath || !json_is_object(chash))
         return tmx_err(err, TMX_ERR_INVALID, "%s: layers: an entry lacks \"layer\", \"experts\" "
                        "or \"coupled\"", mpath);
-    if (!is_listed(listed, cpath))
-        return tmx_err(err, TMX_ERR_INVALID, "%s: layer %d: coupled file %s is not in \"files\"",
-                       mpath, layer, cpath);
+    if (layer < 0 || layer >= mc->n_layers || mc->dense[layer] || seen[layer])
+        return tmx_err(err, TMX_ERR_INVALID, "%s: layers: layer %d is not an MoE layer of "
+                       "config.json listed once", mpath, layer);
+    seen[layer] = 1;
+    char name[64];
+    snprintf(name, sizeof name, "coupled/layer-%03d.safetensors", layer);
+    if (!is_listed(listed, cpath) || strcmp(cpath, name) != 0)
+        return tmx_err(err, TMX_ERR_INVALID, "%s: layer %d: coupled file %s is not %s listed in "
+                       "\"files\"", mpath, layer, cpath, name);
     size_t i;
     json_t *c;
     int next = 0;
@@ -371,11 +381,21 @@ static enum tmx_status check_layer(const char *dir, const char *mpath, json_t *e
         if (!p || !is_listed(listed, p) || !json_is_integer(first) || !json_is_integer(last))
             return tmx_err(err, TMX_ERR_INVALID, "%s: layer %d: chunk %zu needs a path listed in "
                            "\"files\", \"first\" and \"last\"", mpath, layer, i);
-        if (json_integer_value(first) != next || json_integer_value(last) < next)
+        if (json_integer_value(first) != next || json_integer_value(last) < next ||
+            json_integer_value(last) >= mc->n_routed_experts)
             return tmx_err(err, TMX_ERR_INVALID, "%s: layer %d: chunk %s leaves a gap or overlap "
-                           "at expert %d", mpath, layer, p, next);
+                           "at expert %d, or passes the last (%d)", mpath, layer, p, next,
+                           mc->n_routed_experts - 1);
+        snprintf(name, sizeof name, "experts/layer-%03d-%03d-%03d.safetensors", layer, next,
+                 (int)json_integer_value(last));
+        if (strcmp(p, name) != 0)
+            return tmx_err(err, TMX_ERR_INVALID, "%s: layer %d: chunk %s should be %s", mpath,
+                           layer, p, name);
         next = (int)json_integer_value(last) + 1;
     }
+    if (next != mc->n_routed_experts)
+        return tmx_err(err, TMX_ERR_INVALID, "%s: layer %d: its chunks end at expert %d of %d",
+                       mpath, layer, next - 1, mc->n_routed_experts);
     if (!hashes) return TMX_OK;
     json_t *want = NULL;
     enum tmx_status st = vector_hashes(dir, cpath, &want, err);
@@ -427,10 +447,24 @@ enum tmx_status tmx_manifest_verify(const char *dir, int hashes, char **err) {
         if (!is_listed(&listed, found.path[k]))
             st = tmx_err(err, TMX_ERR_INVALID, "%s/%s: not listed in %s", dir, found.path[k],
                          TMX_MANIFEST_NAME);
+    /* The build's config.json and hf_quant_config.json say what "codec" and "layers" must be. */
+    struct tmx_model_config mc;
+    struct tmx_quant_config q;
+    unsigned char seen[TMX_MAX_LAYERS] = {0};
+    if (st == TMX_OK) st = tmx_model_config_load(dir, &mc, err);
+    if (st == TMX_OK) st = tmx_quant_config_load(dir, &q, err);
+    if (st == TMX_OK && (!q.present || strcmp(q.codec, json_string_value(json_object_get(
+                                                           m, "codec"))) != 0))
+        st = tmx_err(err, TMX_ERR_INVALID, "%s: codec \"%s\" is not hf_quant_config.json's (%s)",
+                     mpath, json_string_value(json_object_get(m, "codec")),
+                     q.present ? q.codec : "no such file");
     json_array_foreach(layers, i, f) {
         if (st != TMX_OK) break;
-        st = check_layer(dir, mpath, f, &listed, hashes, err);
+        st = check_layer(dir, mpath, f, &listed, hashes, &mc, seen, err);
     }
+    for (int l = 0; st == TMX_OK && l < mc.n_layers; l++)
+        if (!mc.dense[l] && !seen[l])
+            st = tmx_err(err, TMX_ERR_INVALID, "%s: layers: MoE layer %d is missing", mpath, l);
     free(listed.path); /* its strings belong to the JSON */
     file_list_free(&found);
     json_decref(m);

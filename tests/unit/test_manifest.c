@@ -162,6 +162,54 @@ static void test_unsafe_path(void **state) {
     expect_fail(0, TMX_MANIFEST_NAME, "relative path");
 }
 
+/* A fresh manifest edited by fn, then verified: it must fail naming `what`. */
+static void expect_edit_fails(void (*fn)(json_t *m), const char *what) {
+    char path[512];
+    assert_int_equal(tmx_manifest_write(dir, NULL), TMX_OK);
+    snprintf(path, sizeof path, "%s/%s", dir, TMX_MANIFEST_NAME);
+    json_t *m = json_load_file(path, 0, NULL);
+    assert_non_null(m);
+    fn(m);
+    json_dump_file(m, path, 0);
+    json_decref(m);
+    expect_fail(0, TMX_MANIFEST_NAME, what);
+}
+
+static json_t *layer0(json_t *m) { return json_array_get(json_object_get(m, "layers"), 0); }
+static json_t *chunk(json_t *m, size_t i) {
+    return json_array_get(json_object_get(layer0(m), "experts"), i);
+}
+static void codec_nope(json_t *m) { json_object_set_new(m, "codec", json_string("nope")); }
+static void dense_layer(json_t *m) { json_object_set_new(layer0(m), "layer", json_integer(0)); }
+static void no_such_layer(json_t *m) { json_object_set_new(layer0(m), "layer", json_integer(9)); }
+static void layer_twice(json_t *m) {
+    json_array_append_new(json_object_get(m, "layers"), json_deep_copy(layer0(m)));
+}
+static void no_layers(json_t *m) { json_array_clear(json_object_get(m, "layers")); }
+static void past_last(json_t *m) { json_object_set_new(chunk(m, 1), "last", json_integer(5)); }
+static void short_of_last(json_t *m) {
+    json_array_remove(json_object_get(layer0(m), "experts"), 1);
+}
+static void swapped_paths(json_t *m) {
+    json_t *a = json_incref(json_object_get(chunk(m, 0), "path"));
+    json_object_set(chunk(m, 0), "path", json_object_get(chunk(m, 1), "path"));
+    json_object_set_new(chunk(m, 1), "path", a);
+}
+
+/* "codec" and "layers" against the build's hf_quant_config.json and config.json (layer 1 of 2
+ * is MoE, 3 experts). */
+static void test_layers_against_config(void **state) {
+    (void)state;
+    expect_edit_fails(codec_nope, "codec \"nope\" is not hf_quant_config.json's (trellis-fp4)");
+    expect_edit_fails(dense_layer, "layer 0 is not an MoE layer");
+    expect_edit_fails(no_such_layer, "layer 9 is not an MoE layer");
+    expect_edit_fails(layer_twice, "layer 1 is not an MoE layer of config.json listed once");
+    expect_edit_fails(no_layers, "MoE layer 1 is missing");
+    expect_edit_fails(past_last, "passes the last (2)");
+    expect_edit_fails(short_of_last, "its chunks end at expert 1 of 3");
+    expect_edit_fails(swapped_paths, "should be experts/layer-001-000-001.safetensors");
+}
+
 static void test_writer_refuses(void **state) {
     (void)state;
     char path[512], *err = NULL;
@@ -208,6 +256,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_truncated_missing_stray, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsafe_path, setup, teardown),
         cmocka_unit_test_setup_teardown(test_writer_refuses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_layers_against_config, setup, teardown),
         cmocka_unit_test(test_config_verify_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
