@@ -202,8 +202,10 @@ static struct tmx_plan plan_experts(const char *experts, const char *codec) {
     assert_non_null(mkdtemp(other));
     const char *at = strstr(config, "\"n_routed_experts\": 16");
     assert_non_null(at);
-    snprintf(text, sizeof text, "%.*s\"n_routed_experts\": %s%s", (int)(at - config), config,
-             experts, at + strlen("\"n_routed_experts\": 16"));
+    const int n = snprintf(text, sizeof text, "%.*s\"n_routed_experts\": %s%s",
+                           (int)(at - config), config, experts,
+                           at + strlen("\"n_routed_experts\": 16"));
+    assert_true(n > 0 && (size_t)n < sizeof text);
     snprintf(path, sizeof path, "%s/config.json", other);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
