@@ -462,7 +462,10 @@ enum tmx_status tmx_manifest_verify(const char *dir, int hashes, char **err) {
         if (st != TMX_OK) break;
         st = check_layer(dir, mpath, f, &listed, hashes, &mc, seen, err);
     }
-    for (int l = 0; st == TMX_OK && l < mc.n_layers; l++)
+    /* A codec that keeps its experts elsewhere (not in experts/ chunks) has no layers. */
+    int chunked = 0;
+    for (size_t k = 0; k < found.n; k++) chunked |= strncmp(found.path[k], "experts/", 8) == 0;
+    for (int l = 0; st == TMX_OK && chunked && l < mc.n_layers; l++)
         if (!mc.dense[l] && !seen[l])
             st = tmx_err(err, TMX_ERR_INVALID, "%s: layers: MoE layer %d is missing", mpath, l);
     free(listed.path); /* its strings belong to the JSON */
