@@ -252,6 +252,11 @@ void tmx_model_kv_free(struct tmx_model *m) {
     m->kv = NULL;
 }
 
+void tmx_model_kv_options(const struct tmx_model *m, struct tmx_kv_options *o) {
+    if (m->kv) *o = m->kv->opt;
+    else memset(o, 0, sizeof *o);
+}
+
 void tmx_model_kv_usage(const struct tmx_model *m, struct tmx_kv_usage *u) {
     memset(u, 0, sizeof *u);
     if (!m->kv) return;

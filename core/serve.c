@@ -538,6 +538,11 @@ static void step(struct tmx_serve *s) {
         }
     }
     free(err);
+}
+
+/* The metrics' share of the KV cache in use, once a step's ended requests gave their blocks
+ * back (also when the step ran nothing: its last request was cancelled or stopped). */
+static void note_kv_usage(struct tmx_serve *s) {
     struct tmx_kv_usage u;
     tmx_model_kv_usage(s->m, &u);
     pthread_mutex_lock(&s->lock);
@@ -593,6 +598,7 @@ static void *loop(void *arg) {
         pthread_mutex_unlock(&s->lock);
         step(s);
         reap(s, s->gone);
+        note_kv_usage(s);
         pthread_mutex_lock(&s->lock);
     }
     /* shutting down: everything still here is aborted */
@@ -662,9 +668,10 @@ enum tmx_status tmx_serve_new(struct tmx_engine *e, struct tmx_serve **out, char
     s->e = e;
     s->m = tmx_engine_model(e);
     s->n_ctx = tmx_engine_n_ctx(e);
-    s->n_batch = (int)tmx_config_int(cfg, "batch");
-    s->max_running = (int)tmx_config_int(cfg, "max_running");
-    if (s->max_running > s->n_batch) s->max_running = s->n_batch; /* as the KV cache does */
+    struct tmx_kv_options kv; /* a step as the KV cache takes it: batch and max_running capped */
+    tmx_model_kv_options(s->m, &kv);
+    s->n_batch = kv.n_batch;
+    s->max_running = kv.max_seqs;
     s->max_waiting = (int)tmx_config_int(cfg, "max_waiting");
     s->vocab_size = tmx_model_cfg(s->m)->vocab_size;
     s->n_vocab = tmx_engine_n_vocab(e);

@@ -341,14 +341,18 @@ int cmd_bench(int argc, char **argv) {
         tmx_engine_free(e);
         return 2;
     }
-    const int64_t running = tmx_config_int(tmx_engine_config(e), "max_running");
-    if (most > running) {
-        fprintf(stderr, "tmx bench: --batch %d is above config key max_running = %lld\n", most,
-                (long long)running);
+    const struct tmx_config *cfg = tmx_engine_config(e);
+    struct tmx_kv_options kv; /* max_running as the KV cache caps it: by batch, by context */
+    tmx_model_kv_options(tmx_engine_model(e), &kv);
+    if (most > kv.max_seqs) {
+        fprintf(stderr, "tmx bench: --batch %d is above the %d sequences a step takes (config "
+                "keys max_running = %lld, batch = %lld, context = %d)\n", most, kv.max_seqs,
+                (long long)tmx_config_int(cfg, "max_running"),
+                (long long)tmx_config_int(cfg, "batch"), n_ctx);
         tmx_engine_free(e);
         return 2;
     }
-    const char *kernels = tmx_config_str(tmx_engine_config(e), "kernels");
+    const char *kernels = tmx_config_str(cfg, "kernels");
     const struct tmx_sampler_params sp = {(float)temperature, 0, (float)top_p, 0, 1};
     printf("tmx bench: %s, kernels %s, tp %d, %d prompt tokens and %d generated a sequence, ",
            tmx_engine_model_dir(e), kernels, tmx_engine_tp(e), p, n);

@@ -86,7 +86,10 @@ def test_tensor_parallel(tiny):
     (["-n", "-1"], "--n-predict expects an integer in [0, 1048576], got \"-1\""),
     (["--temperature", "-1"], "--temperature expects a number in [0, 100], got \"-1\""),
     (["--top-p", "0"], "--top-p expects a number in [1e-06, 1], got \"0\""),
-    (["-b", "12", "--set", "max_running=4"], "--batch 12 is above config key max_running = 4"),
+    (["-b", "12", "--set", "max_running=4"],
+     "--batch 12 is above the 4 sequences a step takes (config keys max_running = 4"),
+    (["-b", "1,8", "-p", "4", "-n", "1", "--set", "batch=7"],
+     "--batch 8 is above the 7 sequences a step takes (config keys max_running = 8, batch = 7"),
     (["-p", "200", "-n", "100", "--set", "context=256"],
      "--prompt (200) + --n-predict (100) exceed the context of 256 tokens"),
 ])

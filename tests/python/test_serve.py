@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -213,7 +214,35 @@ def test_cancel_and_busy(tiny):
         lib().tmx_serve_cancel(srv.handle, long)
         ev = srv.wait(long)
         assert ev[-1]["finish"] == FINISH_ABORT and len(tokens(ev)) < 900
+        # its blocks are back, and the metrics say so though no step ran after it
+        deadline = time.monotonic() + 10
+        while metrics(srv).kv_usage != 0:
+            assert time.monotonic() < deadline, metrics(srv).kv_usage
+            time.sleep(0.01)
         srv.close()
+
+
+def test_batch_above_the_context_is_cut_to_it(tmp_path):
+    # batch 512 over a context of 64: the KV cache takes steps of at most 64 tokens, and the
+    # scheduler packs its steps to that, not to 512 (four 50-token prompts at once, on a model
+    # of full attention only, whose prompt chunks no sliding window shortens, and no prefix
+    # cache to hand them the prompts the single runs computed)
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_tiny_model.py"),
+                    str(tmp_path), "--preset", "llama"], check=True, capture_output=True)
+    prompts = [[1] + list(range(100 + 50 * i, 149 + 50 * i)) for i in range(4)]
+    cfg = ["threads=2", "context=64", "batch=512", "max_running=4", "prefix_cache=false"]
+    with Engine(str(tmp_path), cfg) as eng:
+        want = []
+        for p in prompts:
+            seq = eng.seq()
+            want.append(seq.greedy(p, 8))
+            seq.close()
+        srv = Server(eng)
+        ids = [srv.submit(p, 8) for p in prompts]
+        got = [srv.wait(r) for r in ids]
+        srv.close()
+    assert [e[-1]["finish"] for e in got] == [FINISH_LENGTH] * 4, got
+    assert [tokens(e) for e in got] == want
 
 
 def test_bad_parameters_are_named(tiny):

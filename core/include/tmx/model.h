@@ -130,9 +130,13 @@ struct tmx_kv_options {
                              the kernel set can (its graph_* ops) */
 };
 
-/* Allocates the cache and the step buffers; once, before the first tmx_seq_new. */
+/* Allocates the cache and the step buffers; once, before the first tmx_seq_new. n_batch is
+ * capped to n_ctx and max_seqs to n_batch. */
 enum tmx_status tmx_model_kv_init(struct tmx_model *m, const struct tmx_kv_options *o,
                                   char **err);
+/* The options in effect after tmx_model_kv_init's caps (zeros before it): what a scheduler
+ * may put in one step. */
+void tmx_model_kv_options(const struct tmx_model *m, struct tmx_kv_options *o);
 
 /* What the cache holds now, in blocks of its full-attention pool and of its sliding pool. */
 struct tmx_kv_usage {
