@@ -130,6 +130,16 @@ def test_concurrent_requests_match_single_sequences(tiny):
     assert got == want
 
 
+def alone(eng, prompts, n):
+    """Each prompt's n greedy tokens, run by itself."""
+    want = []
+    for p in prompts:
+        seq = eng.seq()
+        want.append(seq.greedy(p, n))
+        seq.close()
+    return want
+
+
 def eng_ctx(eng):
     return lib().tmx_engine_n_ctx(eng.handle)
 
@@ -232,11 +242,7 @@ def test_batch_above_the_context_is_cut_to_it(tmp_path):
     prompts = [[1] + list(range(100 + 50 * i, 149 + 50 * i)) for i in range(4)]
     cfg = ["threads=2", "context=64", "batch=512", "max_running=4", "prefix_cache=false"]
     with Engine(str(tmp_path), cfg) as eng:
-        want = []
-        for p in prompts:
-            seq = eng.seq()
-            want.append(seq.greedy(p, 8))
-            seq.close()
+        want = alone(eng, prompts, 8)
         srv = Server(eng)
         ids = [srv.submit(p, 8) for p in prompts]
         got = [srv.wait(r) for r in ids]
@@ -283,11 +289,7 @@ def test_preemption_when_the_kv_cache_runs_out(tiny):
     cfg = ["threads=2", "context=96", "kv_tokens=96", "kv_block_size=8", "max_running=4",
            "batch=32"]
     with Engine(tiny, cfg) as eng:
-        want = []
-        for p in prompts:
-            seq = eng.seq()
-            want.append(seq.greedy(p, 40))
-            seq.close()
+        want = alone(eng, prompts, 40)
         srv = Server(eng)
         ids = [srv.submit(p, 40) for p in prompts]
         got = [tokens(srv.wait(r)) for r in ids]
