@@ -10,6 +10,7 @@
  * and bootstraps A - B and A / B. */
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,8 @@
 #include "tmx/quantize.h"
 
 #define MAX_TEXTS 64
+
+static const char cmd[] = "eval-kld";
 #define MAX_SETS 32
 #define CHUNK 256         /* rows per forward call: bounds the logits buffers */
 #define NGRAM 13          /* the overlap screen: 13-grams ... */
@@ -100,18 +103,6 @@ struct run {
 
 /* --- options ------------------------------------------------------------------------------- */
 
-static int parse_int(const char *name, const char *arg, long long min, long long *out) {
-    char *end;
-    errno = 0;
-    *out = strtoll(arg, &end, 10);
-    if (end == arg || *end || errno || *out < min) {
-        fprintf(stderr, "tmx eval-kld: --%s expects an integer >= %lld, got \"%s\"\n", name, min,
-                arg);
-        return -1;
-    }
-    return 0;
-}
-
 static int push(const char **list, int *n, int max, const char *name, const char *arg) {
     if (*n == max) {
         fprintf(stderr, "tmx eval-kld: at most %d --%s options\n", max, name);
@@ -141,12 +132,13 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         switch (c) {
         case 'T': o->teacher = optarg; break;
         case 'x': r = push(o->texts, &o->n_texts, MAX_TEXTS, "text", optarg); break;
-        case 'w': r = parse_int("window", optarg, 2, &o->window); break;
-        case 'N': r = parse_int("max-windows", optarg, 1, &o->max_windows); break;
+        case 'w': r = cli_parse_int(cmd, "window", optarg, 2, INT_MAX, &o->window); break;
+        case 'N': r = cli_parse_int(cmd, "max-windows", optarg, 1, LLONG_MAX, &o->max_windows);
+            break;
         case 'L': o->calib = optarg; break;
         case 'o': o->out = optarg; break;
-        case 'r': r = parse_int("seed", optarg, 0, &o->seed); break;
-        case 'B': r = parse_int("resamples", optarg, 1, &o->resamples); break;
+        case 'r': r = cli_parse_int(cmd, "seed", optarg, 0, LLONG_MAX, &o->seed); break;
+        case 'B': r = cli_parse_int(cmd, "resamples", optarg, 1, INT_MAX, &o->resamples); break;
         case 'M': r = push(o->model_sets, &o->n_model_sets, MAX_SETS, "model-set", optarg); break;
         case 'p': r = push(o->paired, &o->n_paired, 2, "paired", optarg); break;
         case 'E':
@@ -905,7 +897,7 @@ static int cmd_paired(const struct opts *o) {
     json_decref(P.sum[0]);
     json_decref(P.sum[1]);
     free(P.win);
-    return st == TMX_OK ? 0 : cli_fail("eval-kld", err);
+    return st == TMX_OK ? 0 : cli_fail(cmd, err);
 }
 
 /* --- the command --------------------------------------------------------------------------- */
@@ -1028,5 +1020,5 @@ int cmd_eval_kld(int argc, char **argv) {
     free(R.win);
     tmx_engine_free(R.model);
     tmx_engine_free(R.teacher);
-    return st == TMX_OK ? 0 : cli_fail("eval-kld", err);
+    return st == TMX_OK ? 0 : cli_fail(cmd, err);
 }

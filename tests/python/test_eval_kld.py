@@ -430,6 +430,8 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(tiny, texts, tmp_path):
         (base + ["--text", t, "--window", "x"], "--window"),
         (base + ["--text", t, "--max-windows", "0"], "--max-windows"),
         (base + ["--text", t, "--resamples", "0"], "--resamples"),
+        (base + ["--text", t, "--resamples", "4294967297"], "--resamples"),
+        (base + ["--text", t, "--window", "2.5"], "--window"),
         (base + ["--text", t, "--seed", "-3"], "--seed"),
         (base + ["--text", str(short), "--window", "64"], "short.txt"),
         (base + ["--text", t, "--calib", str(tmp_path / "nocalib.txt")], "nocalib.txt"),
