@@ -47,6 +47,7 @@ struct tmx_serve {
     struct tmx_engine *e;
     struct tmx_model *m;
     int n_ctx, n_batch, max_running, max_waiting, vocab_size, n_vocab;
+    int prefix_cache;                 /* look-ups are counted only where there is a cache */
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t wake;
@@ -354,7 +355,7 @@ static void admit(struct tmx_serve *s) {
                 r->seq = NULL;
                 return;
             }
-            if (!r->requeued) {
+            if (!r->requeued && s->prefix_cache) {
                 s->metrics.prefix_cache_queries += (uint64_t)r->n_tokens;
                 s->metrics.prefix_cache_hits += (uint64_t)r->n_fed;
             }
@@ -672,6 +673,7 @@ enum tmx_status tmx_serve_new(struct tmx_engine *e, struct tmx_serve **out, char
     tmx_model_kv_options(s->m, &kv);
     s->n_batch = kv.n_batch;
     s->max_running = kv.max_seqs;
+    s->prefix_cache = kv.prefix_cache;
     s->max_waiting = (int)tmx_config_int(cfg, "max_waiting");
     s->vocab_size = tmx_model_cfg(s->m)->vocab_size;
     s->n_vocab = tmx_engine_n_vocab(e);

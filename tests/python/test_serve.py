@@ -313,6 +313,12 @@ def test_prefix_cache_hits_are_counted(tiny):
     assert m0.prefix_cache_hits == 0 and m0.prefix_cache_queries == len(prompt)
     assert m1.prefix_cache_hits - m0.prefix_cache_hits == 48  # three full blocks of 16
     assert 0 <= m1.kv_usage <= 1
+    with Engine(tiny, ["threads=2", "kv_block_size=16", "prefix_cache=false"]) as eng:
+        srv = Server(eng)  # no cache, no look-ups (as vLLM counts them)
+        srv.wait(srv.submit(prompt, 8))
+        m = metrics(srv)
+        srv.close()
+    assert m.prefix_cache_queries == 0 and m.prefix_cache_hits == 0
 
 
 def test_warm_up_runs_the_model_and_gives_its_blocks_back(tiny):
