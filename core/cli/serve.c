@@ -75,6 +75,27 @@ static int default_model(char *path, size_t size) {
     return -1;
 }
 
+/* The front end's options alone, before the model loads (minutes, for a large one): a bad
+ * port or address fails at once. */
+static int check_api(const struct cli_engine_opts *eo) {
+    struct tmx_config *cfg = NULL;
+    struct tmx_plugins *ps = NULL;
+    const struct tmx_plugin *p = NULL;
+    char *err = NULL;
+    enum tmx_status st = tmx_config_load(eo->config, &cfg, &err);
+    for (int i = 0; st == TMX_OK && i < eo->n_overrides; i++)
+        st = tmx_config_set(cfg, eo->overrides[i], &err);
+    if (st == TMX_OK) st = tmx_plugins_new(cfg, &ps, &err);
+    if (st == TMX_OK)
+        st = tmx_plugins_load(ps, TMX_PLUGIN_API, tmx_config_str(cfg, "api"), &p, &err);
+    const struct tmx_api_i *api = p ? p->ops : NULL;
+    if (st == TMX_OK && TMX_OPS_HAS(api, check))
+        st = api->check(tmx_host_get(), tmx_plugins_opts(ps, p), &err);
+    tmx_plugins_free(ps);
+    tmx_config_free(cfg);
+    return st == TMX_OK ? 0 : cli_fail("serve", err);
+}
+
 int cmd_serve(int argc, char **argv) {
     static const struct option longopts[] = {{"host", required_argument, 0, 'H'},
                                               {"port", required_argument, 0, 'P'},
@@ -125,6 +146,7 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &stop.signals, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    if (check_api(&eo) != 0) return 1;
     struct tmx_engine *e = cli_engine_open(&eo, "serve");
     if (!e) return 1;
     if (tmx_engine_rank(e) != 0) return cli_follow(e, "serve"); /* signals stay blocked */

@@ -91,6 +91,27 @@ static char *opt_strdup(const struct tmx_host *h, const struct tmx_opts *o, cons
     return strdup(v ? v : "");
 }
 
+/* The options that can be wrong without trying to listen: each one names itself. */
+static enum tmx_status openai_check(const struct tmx_host *host, const struct tmx_opts *opts,
+                                    char **err) {
+    const char *bind_host = host->opt_str(opts, "host");
+    const int64_t port = host->opt_int(opts, "port");
+    struct sockaddr_storage addr;
+    if (port < 0 || port > 65535)
+        return host->err(err, TMX_ERR_INVALID, "api.openai.port: %lld is not a TCP port",
+                         (long long)port);
+    if (uv_ip4_addr(bind_host, (int)port, (struct sockaddr_in *)&addr) != 0 &&
+        uv_ip6_addr(bind_host, (int)port, (struct sockaddr_in6 *)&addr) != 0)
+        return host->err(err, TMX_ERR_INVALID, "api.openai.host: \"%.200s%s\" is not an IPv4 or "
+                         "IPv6 address", bind_host, strlen(bind_host) > 200 ? "..." : "");
+    if (host->opt_int(opts, "max_body") < 1024)
+        return host->err(err, TMX_ERR_INVALID, "api.openai.max_body: must be at least 1024 "
+                         "bytes");
+    if (host->opt_int(opts, "timeout") < 1)
+        return host->err(err, TMX_ERR_INVALID, "api.openai.timeout: must be at least 1 second");
+    return TMX_OK;
+}
+
 static enum tmx_status openai_init(const struct tmx_host *host, const struct tmx_opts *opts,
                                    const struct tmx_serve_i *serve, void **ctx, char **err) {
     *ctx = NULL;
@@ -115,17 +136,10 @@ static enum tmx_status openai_init(const struct tmx_host *host, const struct tmx
     a->started = (long long)time(NULL);
     a->rng = uv_hrtime() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)a;
     atomic_init(&a->stop_requested, 0);
-    enum tmx_status st = TMX_OK;
-    if (!a->model || !a->bind_host || !a->api_key || !a->cors_origin)
+    enum tmx_status st = openai_check(host, opts, err);
+    if (st == TMX_OK && (!a->model || !a->bind_host || !a->api_key || !a->cors_origin))
         st = host->err(err, TMX_ERR_NOMEM, "out of memory");
-    else if (port < 0 || port > 65535)
-        st = host->err(err, TMX_ERR_INVALID, "api.openai.port: %lld is not a TCP port",
-                        (long long)port);
-    else if (max_body < 1024)
-        st = host->err(err, TMX_ERR_INVALID, "api.openai.max_body: must be at least 1024 bytes");
-    else if (timeout < 1)
-        st = host->err(err, TMX_ERR_INVALID, "api.openai.timeout: must be at least 1 second");
-    else if (uv_loop_init(&a->loop) != 0)
+    else if (st == TMX_OK && uv_loop_init(&a->loop) != 0)
         st = host->err(err, TMX_ERR_NOMEM, "api.openai: cannot create the event loop");
     if (st == TMX_OK) {
         pthread_mutex_init(&a->lock, NULL);
@@ -165,6 +179,7 @@ static const struct tmx_api_i openai_ops = {
     .fini = openai_fini,
     .run = openai_run,
     .stop = openai_stop,
+    .check = openai_check,
 };
 
 static const struct tmx_plugin openai_plugin = {

@@ -792,3 +792,14 @@ def test_shutdown_ends_streams(tmp_path_factory):
     assert events[-1] == "data: [DONE]"
     assert json.loads(events[-2][len("data: "):])["error"]["code"] == 503
     assert server.proc.wait(timeout=60) == 0
+
+
+def test_bad_front_end_options_fail_before_the_model_loads(tmp_path_factory):
+    model = make_model(tmp_path_factory, "api-options")
+    for args, message in ((["--port", "99999"], "api.openai.port: 99999 is not a TCP port"),
+                          (["--host", "1.2.3.4.5"], 'api.openai.host: "1.2.3.4.5" is not an'),
+                          (["--set", "api.openai.timeout=0"], "api.openai.timeout: must be")):
+        r = subprocess.run([TMX, "serve", "--model", model, *args], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 1 and r.stderr.startswith(f"tmx serve: {message}"), r.stderr
+        assert "warm-up" not in r.stderr and r.stderr.count("\n") == 1

@@ -254,6 +254,10 @@ struct tmx_api_i {
     void (*fini)(void *ctx);
     enum tmx_status (*run)(void *ctx, char **err);
     void (*stop)(void *ctx);
+    /* ABI 2.8 (optional; NULL: init checks them) the options alone, before the model loads, so
+     * that a bad one fails at once rather than after minutes of loading */
+    enum tmx_status (*check)(const struct tmx_host *host, const struct tmx_opts *opts,
+                             char **err);
 };
 
 /* --- kind: bench ---------------------------------------------------------------------------
