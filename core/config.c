@@ -140,12 +140,19 @@ static int is_plugin_ref(const char *s) {
 
 /* Each setter checks a value for key k and stores it; `src` (file, variable or "command line")
  * starts the message when it is refused. */
+/* A plugin's name as the loader takes it: 1 to 64 of [a-z0-9_-] (part of a file name). */
+static int is_plugin_name(const char *s) {
+    const size_t n = strlen(s);
+    return n >= 1 && n <= 64 && strspn(s, "abcdefghijklmnopqrstuvwxyz0123456789_-") == n;
+}
+
 static enum tmx_status set_str(struct tmx_config *cfg, int k, const char *s, const char *src,
                                char **err) {
     const char *key = core_keys[k].name;
     enum tmx_log_level level;
-    if (strcmp(key, "kernels") == 0 && !*s)
-        return tmx_err(err, TMX_ERR_INVALID, "%s: kernels: must name a kernel set", src);
+    if ((strcmp(key, "kernels") == 0 || strcmp(key, "api") == 0) && !is_plugin_name(s))
+        return tmx_err(err, TMX_ERR_INVALID, "%s: %s: '%.80s' is not a plugin name (1 to 64 of "
+                       "[a-z0-9_-])", src, key, s);
     if (strcmp(key, "log_level") == 0 && tmx_log_level_parse(s, &level) != TMX_OK)
         return tmx_err(err, TMX_ERR_INVALID,
                        "%s: log_level: '%s' is not one of error, warn, info, debug", src, s);

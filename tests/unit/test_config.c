@@ -165,6 +165,8 @@ static void test_cli_override(void **state) {
         {"context=99999999999", "at most"},
         {"log_level=loud", "'loud'"},
         {"kernels=", "kernels"},
+        {"kernels=../x", "'../x' is not a plugin name"},
+        {"api=Open AI", "api: 'Open AI' is not a plugin name"},
         {"load=codec.int8,bogus.x", "load[1]"},
         {"kernelz.cpu.threads=1", "<kind>.<name>.<option>"},
         {"kernels.threads=1", "<kind>.<name>.<option>"},
