@@ -1,5 +1,4 @@
 /* pack.c: `tmx pack` — a TrellisMX build laid out per tensor-parallel rank (tmx/pack.h). */
-#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,13 +58,8 @@ int cmd_pack(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "qh", longopts, NULL)) != -1) {
         switch (c) {
         case 'p': {
-            char *end = NULL;
-            errno = 0;
-            const long v = strtol(optarg, &end, 10);
-            if (end == optarg || *end || errno || v < 1 || v > INT_MAX) {
-                fprintf(stderr, "tmx pack: --tp: \"%s\" is not a positive integer\n", optarg);
-                return 2;
-            }
+            long long v;
+            if (cli_parse_int("pack", "tp", optarg, 1, INT_MAX, &v) < 0) return 2;
             o.tp = (int)v;
             break;
         }
