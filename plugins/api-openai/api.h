@@ -74,6 +74,8 @@ enum tmx_status api_failf(struct api_fail *f, int status, const char *param, con
 
 /* --- http.c: connections ------------------------------------------------------------------ */
 
+/* Whether host:port is an IPv4 or IPv6 address (into *addr). */
+int http_addr(const char *host, int port, struct sockaddr_storage *addr);
 enum tmx_status http_listen(struct api *a, char **err);
 /* Stops accepting, closes idle connections and fails in-flight jobs with 503. */
 void http_shutdown(struct api *a);

@@ -579,12 +579,14 @@ static void on_connection(uv_stream_t *server, int status) {
     if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) conn_close(c);
 }
 
+int http_addr(const char *host, int port, struct sockaddr_storage *addr) {
+    return uv_ip4_addr(host, port, (struct sockaddr_in *)addr) == 0 ||
+           uv_ip6_addr(host, port, (struct sockaddr_in6 *)addr) == 0;
+}
+
 enum tmx_status http_listen(struct api *a, char **err) {
     struct sockaddr_storage addr;
-    if (uv_ip4_addr(a->bind_host, a->port, (struct sockaddr_in *)&addr) != 0 &&
-        uv_ip6_addr(a->bind_host, a->port, (struct sockaddr_in6 *)&addr) != 0)
-        return a->host->err(err, TMX_ERR_INVALID, "api.openai.host: \"%s\" is not an IPv4 or "
-                            "IPv6 address", a->bind_host);
+    http_addr(a->bind_host, a->port, &addr); /* checked by the plugin's options (plugin.c) */
     uv_tcp_init(&a->loop, &a->listener);
     a->listener.data = a;
     a->listening = 1;

@@ -100,8 +100,7 @@ static enum tmx_status openai_check(const struct tmx_host *host, const struct tm
     if (port < 0 || port > 65535)
         return host->err(err, TMX_ERR_INVALID, "api.openai.port: %lld is not a TCP port",
                          (long long)port);
-    if (uv_ip4_addr(bind_host, (int)port, (struct sockaddr_in *)&addr) != 0 &&
-        uv_ip6_addr(bind_host, (int)port, (struct sockaddr_in6 *)&addr) != 0)
+    if (!http_addr(bind_host, (int)port, &addr))
         return host->err(err, TMX_ERR_INVALID, "api.openai.host: \"%.200s%s\" is not an IPv4 or "
                          "IPv6 address", bind_host, strlen(bind_host) > 200 ? "..." : "");
     if (host->opt_int(opts, "max_body") < 1024)
