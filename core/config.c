@@ -507,6 +507,7 @@ void tmx_config_print(const struct tmx_config *cfg) {
 struct opt_value {
     const char *name; /* the plugin's table entry, which outlives the opts */
     enum tmx_opt_type type;
+    char *where; /* where the value came from, for a plugin's range errors (tmx_opts_where) */
     union {
         int64_t i;
         double f;
@@ -619,6 +620,17 @@ static char *env_name(const char *kind, const char *name, const char *option) {
     return s;
 }
 
+/* Where an option's value came from, malloc'd (NULL when out of memory): "SOURCE: kind.name.option"
+ * for a value someone set, "kind.name.option (SOURCE)" for one the core supplied. */
+static char *opt_where(const char *source, const char *ref, const char *option, int set) {
+    size_t size = strlen(source) + strlen(ref) + strlen(option) + 8;
+    char *s = malloc(size);
+    if (!s) return NULL;
+    if (set) snprintf(s, size, "%s: %s.%s", source, ref, option);
+    else snprintf(s, size, "%s.%s (%s)", ref, option, source);
+    return s;
+}
+
 /* One option, highest precedence first. `ref` is "<kind>.<name>". A refused value gets a
  * message; running out of memory is left to the caller to report. */
 static enum tmx_status resolve(const struct tmx_config *cfg, const struct tmx_plugin *p,
@@ -631,6 +643,7 @@ static enum tmx_status resolve(const struct tmx_config *cfg, const struct tmx_pl
         if (strcmp(s->plugin, ref) != 0 || strcmp(s->option, o->name) != 0) continue;
         if ((st = opt_from_text(v, s->value)) == TMX_ERR_INVALID)
             tmx_err(err, st, "command line: %s.%s: '%s' is not %s", ref, o->name, s->value, type);
+        v->where = opt_where("command line", ref, o->name, 1);
         return st;
     }
     char *var = env_name(tmx_plugin_kind_name(p->kind), p->name, o->name);
@@ -639,6 +652,7 @@ static enum tmx_status resolve(const struct tmx_config *cfg, const struct tmx_pl
     if (env && *env) {
         if ((st = opt_from_text(v, env)) == TMX_ERR_INVALID)
             tmx_err(err, st, "%s: %s option '%s': '%s' is not %s", var, ref, o->name, env, type);
+        v->where = opt_where(var, ref, o->name, 1);
         free(var);
         return st;
     }
@@ -648,13 +662,18 @@ static enum tmx_status resolve(const struct tmx_config *cfg, const struct tmx_pl
         if ((st = opt_from_json(v, j)) == TMX_ERR_INVALID)
             tmx_err(err, st, "%s: plugins: %s option '%s': must be %s, got %s", cfg->path, ref,
                     o->name, type, json_kind(j));
+        char source[4096];
+        snprintf(source, sizeof source, "%s: plugins", cfg->path);
+        v->where = opt_where(source, ref, o->name, 1);
         return st;
     }
     if ((p->kind == TMX_PLUGIN_KERNELS || p->kind == TMX_PLUGIN_CODEC) &&
         o->type == TMX_OPT_INT && strcmp(o->name, "threads") == 0) {
         v->u.i = tmx_config_int(cfg, "threads");
+        v->where = opt_where("the core key threads", ref, o->name, 0);
         return TMX_OK;
     }
+    v->where = opt_where("default", ref, o->name, 0);
     return opt_from_text(v, o->def);
 }
 
@@ -689,6 +708,7 @@ enum tmx_status tmx_config_plugin_opts(const struct tmx_config *cfg, const struc
         opts->v[i].name = p->opts[i].name;
         opts->v[i].type = p->opts[i].type;
         st = resolve(cfg, p, ref, section, &p->opts[i], &opts->v[i], err);
+        if (st == TMX_OK && !opts->v[i].where) st = TMX_ERR_NOMEM;
         if (st == TMX_ERR_NOMEM) tmx_err(err, st, "out of memory");
     }
     if (st != TMX_OK) {
@@ -701,8 +721,10 @@ enum tmx_status tmx_config_plugin_opts(const struct tmx_config *cfg, const struc
 
 void tmx_opts_free(struct tmx_opts *opts) {
     if (!opts) return;
-    for (int i = 0; i < opts->n; i++)
+    for (int i = 0; i < opts->n; i++) {
         if (opts->v[i].type == TMX_OPT_STRING) free(opts->v[i].u.s);
+        free(opts->v[i].where);
+    }
     free(opts);
 }
 
@@ -731,6 +753,12 @@ double tmx_opts_float(const struct tmx_opts *opts, const char *name) {
 int tmx_opts_bool(const struct tmx_opts *opts, const char *name) {
     const struct opt_value *v = opt_find(opts, name, TMX_OPT_BOOL);
     return v ? v->u.b : 0;
+}
+
+const char *tmx_opts_where(const struct tmx_opts *opts, const char *name) {
+    for (int i = 0; opts && i < opts->n; i++)
+        if (strcmp(opts->v[i].name, name) == 0) return opts->v[i].where;
+    return name;
 }
 
 int tmx_opts_set_int(struct tmx_opts *opts, const char *name, int64_t value) {

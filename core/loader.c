@@ -58,6 +58,7 @@ static const struct tmx_host host = {
     .st_find = tmx_safetensors_find,
     .st_meta = tmx_safetensors_meta,
     .st_write = tmx_safetensors_write,
+    .opt_where = tmx_opts_where,
 };
 
 const struct tmx_host *tmx_host_get(void) { return &host; }

@@ -140,9 +140,8 @@ static enum tmx_status cpu_init(const struct tmx_host *host, const struct tmx_op
     *ctx = NULL;
     int64_t threads = host->opt_int ? host->opt_int(opts, "threads") : 0;
     if (threads < 0 || threads > 1024)
-        return host->err(err, TMX_ERR_INVALID,
-                         "kernels.cpu.threads = %lld: want 0 (one per online CPU) to 1024",
-                         (long long)threads);
+        return host->err(err, TMX_ERR_INVALID, "%s = %lld: want 0 (one per online CPU) to 1024",
+                         tmx_opt_where(host, opts, "threads"), (long long)threads);
     if (threads == 0) {
         long online = sysconf(_SC_NPROCESSORS_ONLN);
         threads = online > 0 ? online : 1;

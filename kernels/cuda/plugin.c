@@ -122,16 +122,16 @@ static enum tmx_status cu_init(const struct tmx_host *host, const struct tmx_opt
     int64_t device = host->opt_int ? host->opt_int(opts, "device") : 0;
     const int64_t gemv_max = host->opt_int ? host->opt_int(opts, "gemv_max") : 3;
     if (gemv_max < 1 || gemv_max > 8)
-        return host->err(err, TMX_ERR_INVALID, "kernels.cuda.gemv_max = %lld: want 1 to 8",
-                         (long long)gemv_max);
+        return host->err(err, TMX_ERR_INVALID, "%s = %lld: want 1 to 8",
+                         tmx_opt_where(host, opts, "gemv_max"), (long long)gemv_max);
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess)
         return host->err(err, TMX_ERR_UNSUPPORTED, "no CUDA device: %s",
                          cudaGetErrorString(e));
     if (device < 0 || device >= count)
-        return host->err(err, TMX_ERR_INVALID, "kernels.cuda.device = %lld: want 0 to %d",
-                         (long long)device, count - 1);
+        return host->err(err, TMX_ERR_INVALID, "%s = %lld: want 0 to %d",
+                         tmx_opt_where(host, opts, "device"), (long long)device, count - 1);
     struct cu_ctx *c = calloc(1, sizeof *c);
     if (!c) return host->err(err, TMX_ERR_NOMEM, "out of memory");
     c->host = host;

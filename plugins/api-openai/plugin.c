@@ -98,16 +98,18 @@ static enum tmx_status openai_check(const struct tmx_host *host, const struct tm
     const int64_t port = host->opt_int(opts, "port");
     struct sockaddr_storage addr;
     if (port < 0 || port > 65535)
-        return host->err(err, TMX_ERR_INVALID, "api.openai.port: %lld is not a TCP port",
-                         (long long)port);
+        return host->err(err, TMX_ERR_INVALID, "%s: %lld is not a TCP port",
+                         tmx_opt_where(host, opts, "port"), (long long)port);
     if (!http_addr(bind_host, (int)port, &addr))
-        return host->err(err, TMX_ERR_INVALID, "api.openai.host: \"%.200s%s\" is not an IPv4 or "
-                         "IPv6 address", bind_host, strlen(bind_host) > 200 ? "..." : "");
+        return host->err(err, TMX_ERR_INVALID, "%s: \"%.200s%s\" is not an IPv4 or IPv6 address",
+                         tmx_opt_where(host, opts, "host"), bind_host,
+                         strlen(bind_host) > 200 ? "..." : "");
     if (host->opt_int(opts, "max_body") < 1024)
-        return host->err(err, TMX_ERR_INVALID, "api.openai.max_body: must be at least 1024 "
-                         "bytes");
+        return host->err(err, TMX_ERR_INVALID, "%s: must be at least 1024 bytes",
+                         tmx_opt_where(host, opts, "max_body"));
     if (host->opt_int(opts, "timeout") < 1)
-        return host->err(err, TMX_ERR_INVALID, "api.openai.timeout: must be at least 1 second");
+        return host->err(err, TMX_ERR_INVALID, "%s: must be at least 1 second",
+                         tmx_opt_where(host, opts, "timeout"));
     return TMX_OK;
 }
 

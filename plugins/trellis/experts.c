@@ -53,12 +53,12 @@ enum tmx_status tmx_trellis_codec_init(const struct tmx_host *host, const struct
     const char *name = tmx_trellis_codec_spec(id)->name;
     const char *act = host->opt_str(opts, "activations");
     if (!act || (strcmp(act, "serving") != 0 && strcmp(act, "f32") != 0))
-        return host->err(err, TMX_ERR_INVALID, "codec.%s: option activations: '%s' is neither "
-                         "\"serving\" nor \"f32\"", name, act ? act : "");
+        return host->err(err, TMX_ERR_INVALID, "%s: '%s' is neither \"serving\" nor \"f32\"",
+                         tmx_opt_where(host, opts, "activations"), act ? act : "");
     int64_t threads = host->opt_int(opts, "threads");
     if (threads < 0 || threads > 4096)
-        return host->err(err, TMX_ERR_INVALID, "codec.%s: option threads: %lld is not in "
-                         "0..4096", name, (long long)threads);
+        return host->err(err, TMX_ERR_INVALID, "%s: %lld is not in 0..4096",
+                         tmx_opt_where(host, opts, "threads"), (long long)threads);
     if (threads == 0) threads = sysconf(_SC_NPROCESSORS_ONLN) > 0 ? sysconf(_SC_NPROCESSORS_ONLN)
                                                                  : 1;
     struct trellis_codec *c;

@@ -4,11 +4,15 @@ Starts `tmx serve` --starts times with config key warmup true and as many with f
 turns; each start waits for /health, then sends --requests completions one after another (a
 prompt of about 230 tokens, each beginning differently so that none hits the prefix cache, one
 token generated) and records each one's latency. Prints, per setting, the first requests'
-latencies, their median and the median of the later ones, and the warm-up's own time from the
-server's log. Standard library only, so that it runs on the bare GPU machine:
+latencies, their median and the median of the later ones, the median of each request in turn,
+and the warm-up's own time from the server's log. --repeats gives the prompts other lengths
+(the sentence's repeats for request 1, 2, ..., cycled; 12 is about 230 tokens): a request whose
+length no earlier one had shows whether a new prompt width pays again. Standard library only,
+so that it runs on the bare GPU machine:
 
     python3 tests/gpu/first_request.py BIN [--model DIR] [--kernels cuda] [--set KEY=VALUE]...
-                                       [--starts N] [--requests N] [--json OUT]
+                                       [--starts N] [--requests N] [--repeats 12,12,6,6]
+                                       [--json OUT]
 """
 import argparse
 import json
@@ -20,7 +24,7 @@ import tempfile
 import time
 import urllib.request
 
-PROMPT = "It was a dark and stormy night; the rain fell in torrents, and " * 12
+SENTENCE = "It was a dark and stormy night; the rain fell in torrents, and "
 
 
 def one_start(args, warmup, port):
@@ -43,7 +47,8 @@ def one_start(args, warmup, port):
                 time.sleep(0.05)
         times = []
         for i in range(args.requests):
-            body = {"model": "x", "prompt": f"{i} " + PROMPT, "max_tokens": 1, "temperature": 0}
+            prompt = f"{i} " + SENTENCE * args.repeats[i % len(args.repeats)]
+            body = {"model": "x", "prompt": prompt, "max_tokens": 1, "temperature": 0}
             q = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(),
                                        {"Content-Type": "application/json"})
             t = time.perf_counter()
@@ -65,6 +70,8 @@ def main():
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--starts", type=int, default=5)
     ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--repeats", default="12",
+                    type=lambda v: [int(x) for x in v.split(",")])
     ap.add_argument("--port", type=int, default=18460)
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -77,17 +84,20 @@ def main():
         first = [1e3 * t[0] for t, _ in rs]
         later = [1e3 * x for t, _ in rs for x in t[1:]]
         warm = [w for _, w in rs if w is not None]
+        each = [statistics.median(1e3 * t[i] for t, _ in rs) for i in range(args.requests)]
         out[warmup] = {"first_ms": first, "first_median_ms": statistics.median(first),
                        "later_median_ms": statistics.median(later) if later else None,
-                       "warmup_ms": warm}
+                       "each_median_ms": each, "warmup_ms": warm}
         print(f"warmup={warmup}: first request {', '.join(f'{x:.1f}' for x in first)} ms "
               f"(median {out[warmup]['first_median_ms']:.1f}), later ones median "
               f"{out[warmup]['later_median_ms']:.1f} ms"
               + (f", warm-up {min(warm):.0f}-{max(warm):.0f} ms" if warm else ""))
+        print(f"  each request's median (repeats {args.repeats}): "
+              + ", ".join(f"{x:.1f}" for x in each) + " ms")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "kernels": args.kernels, "set": args.set,
-                       "runs": out}, f, indent=1)
+                       "repeats": args.repeats, "runs": out}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -796,10 +796,15 @@ def test_shutdown_ends_streams(tmp_path_factory):
 
 def test_bad_front_end_options_fail_before_the_model_loads(tmp_path_factory):
     model = make_model(tmp_path_factory, "api-options")
-    for args, message in ((["--port", "99999"], "api.openai.port: 99999 is not a TCP port"),
-                          (["--host", "1.2.3.4.5"], 'api.openai.host: "1.2.3.4.5" is not an'),
-                          (["--set", "api.openai.timeout=0"], "api.openai.timeout: must be")):
+    config = tmp_path_factory.mktemp("api-options-config") / "tmx.json"
+    config.write_text(json.dumps({"plugins": {"api.openai": {"max_body": 10}}}))
+    for args, env, message in (
+            (["--port", "99999"], {}, "command line: api.openai.port: 99999 is not a TCP port"),
+            (["--host", "1.2.3.4.5"], {}, 'command line: api.openai.host: "1.2.3.4.5" is not an'),
+            (["--set", "api.openai.timeout=0"], {}, "command line: api.openai.timeout: must be"),
+            ([], {"TMX_API_OPENAI_TIMEOUT": "0"}, "TMX_API_OPENAI_TIMEOUT: api.openai.timeout: "),
+            (["--config", str(config)], {}, f"{config}: plugins: api.openai.max_body: must be")):
         r = subprocess.run([TMX, "serve", "--model", model, *args], capture_output=True,
-                           text=True, timeout=60)
+                           text=True, timeout=60, env={**os.environ, **env})
         assert r.returncode == 1 and r.stderr.startswith(f"tmx serve: {message}"), r.stderr
         assert "warm-up" not in r.stderr and r.stderr.count("\n") == 1

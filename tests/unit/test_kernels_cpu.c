@@ -64,6 +64,12 @@ static int host_opt_bool(const struct tmx_opts *opts, const char *name) {
     return 0;
 }
 
+/* As the core says where a value came from (tmx_opts_where). */
+static const char *host_opt_where(const struct tmx_opts *opts, const char *name) {
+    (void)opts;
+    return strcmp(name, "threads") == 0 ? "tmx.json: plugins: kernels.cpu.threads" : name;
+}
+
 static const struct tmx_host host = {
     .struct_size = sizeof(struct tmx_host),
     .abi_major = TMX_ABI_MAJOR,
@@ -74,6 +80,7 @@ static const struct tmx_host host = {
     .opt_int = host_opt_int,
     .opt_float = host_opt_float,
     .opt_bool = host_opt_bool,
+    .opt_where = host_opt_where,
 };
 
 /* --- the plugin ------------------------------------------------------------------------------ */
@@ -295,7 +302,7 @@ static void test_init_options(void **state) {
     assert_int_equal(f->ops->init(&host, NULL, &ctx, &err), TMX_ERR_INVALID);
     assert_null(ctx);
     assert_non_null(err);
-    assert_non_null(strstr(err, "kernels.cpu.threads = -1"));
+    assert_non_null(strstr(err, "tmx.json: plugins: kernels.cpu.threads = -1: want 0"));
     free(err);
     f->ops->fini(NULL);
     ctx = open_set(f, 0); /* one thread per online CPU */

@@ -287,6 +287,11 @@ static void test_option_precedence(void **state) {
     assert_true(host->opt_float(o, "scale") == 0.5);
     assert_int_equal(host->opt_bool(o, "fast-math"), 0);
     assert_string_equal(host->opt_str(o, "label"), "none");
+    /* Where each value came from, for the plugin's own range errors. */
+    assert_string_equal(tmx_opt_where(host, o, "threads"),
+                        "kernels.opts.threads (the core key threads)");
+    assert_string_equal(tmx_opt_where(host, o, "label"), "kernels.opts.label (default)");
+    assert_string_equal(tmx_opt_where(host, o, "nope"), "nope");
     /* Undeclared, or declared with another type: NULL / 0. */
     assert_null(host->opt_str(o, "nope"));
     assert_int_equal(host->opt_int(o, "scale"), 0);
@@ -301,6 +306,9 @@ static void test_option_precedence(void **state) {
     assert_true(host->opt_float(o, "scale") == 1.0);
     assert_int_equal(host->opt_bool(o, "fast-math"), 1);
     assert_string_equal(host->opt_str(o, "label"), "file");
+    char where[4200];
+    snprintf(where, sizeof where, "%s: plugins: kernels.opts.threads", f.cfg_path);
+    assert_string_equal(tmx_opt_where(host, o, "threads"), where);
     fx_close(&f);
 
     /* env > file; the variable's name upper-cases and turns '-' into '_'. */
@@ -313,6 +321,8 @@ static void test_option_precedence(void **state) {
     assert_true(host->opt_float(o, "scale") == 2.5);
     assert_int_equal(host->opt_bool(o, "fast-math"), 0);
     assert_string_equal(host->opt_str(o, "label"), "env");
+    assert_string_equal(tmx_opt_where(host, o, "fast-math"),
+                        "TMX_KERNELS_OPTS_FAST_MATH: kernels.opts.fast-math");
     fx_close(&f);
 
     /* command line > env; the last --set wins. */
@@ -322,6 +332,7 @@ static void test_option_precedence(void **state) {
     assert_true(host->opt_float(o, "scale") == 3.5);
     assert_string_equal(host->opt_str(o, "label"), "two");
     assert_int_equal(host->opt_bool(o, "fast-math"), 0);
+    assert_string_equal(tmx_opt_where(host, o, "label"), "command line: kernels.opts.label");
     fx_close(&f);
 }
 

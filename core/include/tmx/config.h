@@ -60,6 +60,10 @@ const char *tmx_opts_str(const struct tmx_opts *opts, const char *name);
 int64_t tmx_opts_int(const struct tmx_opts *opts, const char *name);
 double tmx_opts_float(const struct tmx_opts *opts, const char *name);
 int tmx_opts_bool(const struct tmx_opts *opts, const char *name);
+/* Where the value of option `name` came from, for messages: "models/x/tmx.json: plugins:
+ * kernels.cpu.threads", "command line: ...", "TMX_KERNELS_CPU_THREADS: ...", or
+ * "kernels.cpu.threads (default)". Lives as long as opts; `name` itself when not declared. */
+const char *tmx_opts_where(const struct tmx_opts *opts, const char *name);
 /* Sets an int option the table declares (a tensor-parallel rank's "device"); returns 0, changing
  * nothing, when it declares none of that name and type. */
 int tmx_opts_set_int(struct tmx_opts *opts, const char *name, int64_t value);

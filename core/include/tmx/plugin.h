@@ -33,7 +33,7 @@
 #include "tmx/tensor.h"
 
 #define TMX_ABI_MAJOR 2
-#define TMX_ABI_MINOR 8
+#define TMX_ABI_MINOR 9
 
 #define TMX_PLUGIN_EXPORT __attribute__((visibility("default")))
 
@@ -99,7 +99,17 @@ struct tmx_host {
     enum tmx_status (*st_write)(const char *path, int n, const char *const *names,
                                 const struct tmx_tensor *tensors, const char *const *meta_kv,
                                 char **err);
+    /* ABI 2.9: where an option's value came from ("models/x/tmx.json: plugins: api.openai.port",
+     * "command line: ...", "TMX_API_OPENAI_PORT: ...", "api.openai.port (default)"), for a
+     * plugin's own range errors; lives as long as opts. Read it through tmx_opt_where(). */
+    const char *(*opt_where)(const struct tmx_opts *opts, const char *name);
 };
+
+/* Where option `name` came from, or `name` itself from a host older than ABI 2.9. */
+static inline const char *tmx_opt_where(const struct tmx_host *h, const struct tmx_opts *opts,
+                                        const char *name) {
+    return TMX_OPS_HAS(h, opt_where) ? h->opt_where(opts, name) : name;
+}
 
 /* --- the descriptor ------------------------------------------------------------------------ */
 
