@@ -27,6 +27,24 @@ enum tmx_status api_failf(struct api_fail *f, int status, const char *param, con
     return status == 429 ? TMX_ERR_BUSY : status >= 500 ? TMX_ERR_NOMEM : TMX_ERR_INVALID;
 }
 
+/* The key whose value ends at body[end], for a number out of range: the number, then
+ * back over `"key" :`. Empty when the number is not an object member's value. */
+static int one_of(char c, const char *set) { return c && strchr(set, c); }
+
+static void key_before(const char *body, size_t end, char *key, size_t size) {
+    key[0] = 0;
+    size_t i = end;
+    while (i > 0 && one_of(body[i - 1], "0123456789+-.eE")) i--;
+    while (i > 0 && one_of(body[i - 1], " \t\r\n")) i--;
+    if (i == 0 || body[--i] != ':') return;
+    while (i > 0 && one_of(body[i - 1], " \t\r\n")) i--;
+    if (i < 2 || body[--i] != '"') return;
+    size_t close = i;
+    while (i > 0 && (body[i - 1] != '"' || (i > 1 && body[i - 2] == '\\'))) i--;
+    if (i == 0) return;
+    snprintf(key, size, "%.*s", (int)(close - i), body + i);
+}
+
 enum tmx_status body_parse(const char *body, size_t len, json_t **out, struct api_fail *f) {
     if (len == 0)
         return api_failf(f, 400, NULL, "the request body is empty: expected a JSON object");
@@ -35,6 +53,14 @@ enum tmx_status body_parse(const char *body, size_t len, json_t **out, struct ap
     if (!j && json_error_code(&e) == json_error_null_character)
         return api_failf(f, 400, NULL, "invalid JSON at line %d, column %d (byte %d): strings "
                          "may not hold the character U+0000", e.line, e.column, e.position);
+    if (!j && json_error_code(&e) == json_error_numeric_overflow) {
+        char key[128];
+        key_before(body, e.position > 0 && (size_t)e.position <= len ? (size_t)e.position : 0,
+                   key, sizeof key);
+        return api_failf(f, 400, key[0] ? key : NULL, "%s%sthe number at line %d, column %d "
+                         "(byte %d) is out of range (integers must fit in 64 bits, others in a "
+                         "double)", key, key[0] ? ": " : "", e.line, e.column, e.position);
+    }
     if (!j)
         return api_failf(f, 400, NULL, "invalid JSON at line %d, column %d (byte %d): %s", e.line,
                          e.column, e.position, e.text);

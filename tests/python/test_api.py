@@ -399,6 +399,14 @@ def test_bad_parameters_named(tiny):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "\0"}])
     assert "U+0000" in e.value.message
+    # A number out of range fails in the JSON parser, which names no member: the server does.
+    for extra, param in (({"max_tokens": 10**20}, "max_tokens"), ({"stop": [10**20]}, None)):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="m", messages=MESSAGES, extra_body=extra)
+        assert e.value.param == param and "is out of range" in e.value.message, e.value.message
+    status, _, body = raw(tiny, "POST", "/v1/completions",
+                          '{"prompt": "x", "temperature" : 1e999}')
+    assert status == 400 and json.loads(body)["error"]["param"] == "temperature", body
 
 
 def test_assistant_message_without_content(tiny):
