@@ -620,8 +620,9 @@ static char *env_name(const char *kind, const char *name, const char *option) {
     return s;
 }
 
-/* Where an option's value came from, malloc'd (NULL when out of memory): "SOURCE: kind.name.option"
- * for a value someone set, "kind.name.option (SOURCE)" for one the core supplied. */
+/* Where an option's value came from, malloc'd (NULL when out of memory):
+ * "SOURCE: kind.name.option" for a value someone set, "kind.name.option (SOURCE)" for one the
+ * core supplied. */
 static char *opt_where(const char *source, const char *ref, const char *option, int set) {
     size_t size = strlen(source) + strlen(ref) + strlen(option) + 8;
     char *s = malloc(size);
