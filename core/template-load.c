@@ -30,13 +30,18 @@ static enum tmx_status read_file(const char *path, char **out, size_t *len, char
     return *out ? TMX_OK : tmx_err(err, TMX_ERR_NOMEM, "%s: out of memory", path);
 }
 
-/* bos_token / eos_token: a string, or an AddedToken object {"content": ...}. */
-static enum tmx_status special_tokens(const json_t *config, json_t *special) {
+/* bos_token / eos_token: a string, an AddedToken object {"content": ...}, null or absent. */
+static enum tmx_status special_tokens(const json_t *config, json_t *special, const char *path,
+                                      char **err) {
     static const char *const keys[] = {"bos_token", "eos_token"};
     for (int i = 0; i < 2; i++) {
         json_t *v = json_object_get(config, keys[i]);
         if (json_is_object(v)) v = json_object_get(v, "content");
-        if (json_is_string(v) && json_object_set(special, keys[i], v)) return TMX_ERR_NOMEM;
+        if (v && !json_is_null(v) && !json_is_string(v))
+            return tmx_err(err, TMX_ERR_INVALID, "%s: field \"%s\" must be a string or "
+                           "{\"content\": string}", path, keys[i]);
+        if (json_is_string(v) && json_object_set(special, keys[i], v))
+            return tmx_err(err, TMX_ERR_NOMEM, "%s: out of memory", path);
     }
     return TMX_OK;
 }
@@ -82,10 +87,7 @@ enum tmx_status tmx_chat_template_load(const char *model_dir, struct tmx_templat
                      "list of {\"name\", \"template\"}", config_path);
         goto done;
     }
-    if (config && special_tokens(config, tokens) != TMX_OK) {
-        st = tmx_err(err, TMX_ERR_NOMEM, "%s: out of memory", config_path);
-        goto done;
-    }
+    if (config && (st = special_tokens(config, tokens, config_path, err)) != TMX_OK) goto done;
 
     /* The template is named relative to the model (its render errors go to API clients, who
      * need not see the server's paths); a parse error here names the whole path. */

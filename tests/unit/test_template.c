@@ -573,6 +573,18 @@ static void test_loader(void **state) {
     assert_int_equal(st, TMX_ERR_INVALID);
     assert_non_null(strstr(err, "tokenizer_config.json: field \"chat_template\" must be"));
     free(err), err = NULL;
+    put_file("tokenizer_config.json",
+             "{\"chat_template\": \"x\", \"eos_token\": {\"content\": 2}}");
+    out = load_and_render(&st, &err);
+    assert_int_equal(st, TMX_ERR_INVALID);
+    assert_non_null(strstr(err, "tokenizer_config.json: field \"eos_token\" must be a string"));
+    free(err), err = NULL;
+    put_file("tokenizer_config.json", "{\"chat_template\": \"{{ bos_token }}x\", "
+                                      "\"bos_token\": null, \"eos_token\": \"</s>\"}");
+    out = load_and_render(&st, &err);
+    assert_int_equal(st, TMX_OK);
+    assert_string_equal(out, "x");
+    free(out);
 
     drop_file("tokenizer_config.json");
     rmdir(model_dir);
