@@ -1,4 +1,5 @@
-/* fs.c: paths resolved before anything is written, and removal of a folder (tmx/fs.h). */
+/* fs.c: whole files read, paths resolved before anything is written, and removal of a folder
+ * (tmx/fs.h). */
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -8,6 +9,39 @@
 #include <unistd.h>
 
 #include "tmx/fs.h"
+
+enum tmx_status tmx_file_read(const char *path, char **out, size_t *len, char **err) {
+    const int std_in = strcmp(path, "-") == 0;
+    FILE *f = std_in ? stdin : fopen(path, "rb");
+    if (!f)
+        return tmx_err(err, errno == ENOENT ? TMX_ERR_NOT_FOUND : TMX_ERR_IO, "%s: %s", path,
+                       strerror(errno));
+    char *buf = NULL;
+    size_t cap = 0, n;
+    *len = 0;
+    do {
+        if (*len + 65536 + 1 > cap) { /* room for a full read and the NUL */
+            char *p = realloc(buf, 2 * cap + 65536 + 1);
+            if (!p) {
+                free(buf);
+                if (!std_in) fclose(f);
+                return tmx_err(err, TMX_ERR_NOMEM, "%s: out of memory", path);
+            }
+            buf = p;
+            cap = 2 * cap + 65536 + 1;
+        }
+        *len += (n = fread(buf + *len, 1, cap - *len - 1, f));
+    } while (n > 0);
+    const int bad = ferror(f) ? errno : 0;
+    if (!std_in) fclose(f);
+    if (bad) {
+        free(buf);
+        return tmx_err(err, TMX_ERR_IO, "%s: %s", path, strerror(bad));
+    }
+    buf[*len] = '\0';
+    *out = buf;
+    return TMX_OK;
+}
 
 char *tmx_path_resolve(const char *path) {
     char *cur = path[0] == '/' ? strdup("/") : realpath(".", NULL);

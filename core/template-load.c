@@ -6,29 +6,7 @@
 #include <string.h>
 
 #include "template-impl.h"
-
-/* Reads a whole file into a malloc'd buffer; TMX_ERR_NOT_FOUND when it does not exist. */
-static enum tmx_status read_file(const char *path, char **out, size_t *len, char **err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (errno == ENOENT) return TMX_ERR_NOT_FOUND;
-        return tmx_err(err, TMX_ERR_IO, "%s: %s", path, strerror(errno));
-    }
-    struct sbuf b = {0};
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) sb_put(&b, chunk, n);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad || b.oom) {
-        free(b.p);
-        return bad ? tmx_err(err, TMX_ERR_IO, "%s: read failed", path)
-                   : tmx_err(err, TMX_ERR_NOMEM, "%s: out of memory", path);
-    }
-    *out = b.p ? b.p : calloc(1, 1);
-    *len = b.n;
-    return *out ? TMX_OK : tmx_err(err, TMX_ERR_NOMEM, "%s: out of memory", path);
-}
+#include "tmx/fs.h"
 
 /* bos_token / eos_token: a string, an AddedToken object {"content": ...}, null or absent. */
 static enum tmx_status special_tokens(const json_t *config, json_t *special, const char *path,
@@ -92,7 +70,14 @@ enum tmx_status tmx_chat_template_load(const char *model_dir, struct tmx_templat
     /* The template is named relative to the model (its render errors go to API clients, who
      * need not see the server's paths); a parse error here names the whole path. */
     char *perr = NULL;
-    st = read_file(jinja_path, &src, &len, err);
+    st = tmx_file_read(jinja_path, &src, &len, &perr);
+    if (st != TMX_OK && st != TMX_ERR_NOT_FOUND) { /* its message names the whole path */
+        tmx_err(err, st, "%s", perr ? perr : "out of memory");
+        free(perr);
+        goto done;
+    }
+    free(perr); /* not found: tokenizer_config.json's, then */
+    perr = NULL;
     if (st == TMX_OK) {
         st = tmx_template_parse(src, len, "chat_template.jinja", out, &perr);
     } else if (st == TMX_ERR_NOT_FOUND) {

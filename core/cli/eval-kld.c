@@ -169,30 +169,14 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
 
 /* --- inputs -------------------------------------------------------------------------------- */
 
+/* A whole file, its errors prefixed with the option that named it. */
 static enum tmx_status read_file(const char *what, const char *path, char **out, size_t *len,
                                  char **err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return tmx_err(err, TMX_ERR_IO, "%s %s: %s", what, path, strerror(errno));
-    char *buf = NULL, *p = NULL;
-    size_t cap = 0, n = 0;
-    *len = 0;
-    do {
-        if (*len + 65536 + 1 > cap) {
-            if (!(p = realloc(buf, 2 * cap + 65536 + 1))) break;
-            buf = p;
-            cap = 2 * cap + 65536 + 1;
-        }
-        *len += (n = fread(buf + *len, 1, cap - *len - 1, f));
-    } while (n > 0);
-    const int bad = ferror(f);
-    fclose(f);
-    if (bad || !p) { /* p: NULL after a failed realloc */
-        free(buf);
-        return tmx_err(err, bad ? TMX_ERR_IO : TMX_ERR_NOMEM, "%s %s: cannot read", what, path);
-    }
-    buf[*len] = '\0';
-    *out = buf;
-    return TMX_OK;
+    char *msg = NULL;
+    enum tmx_status st = tmx_file_read(path, out, len, &msg);
+    if (st != TMX_OK) tmx_err(err, st, "%s %s", what, msg ? msg : "out of memory");
+    free(msg);
+    return st;
 }
 
 static enum tmx_status tokenize(const struct run *R, const char *text, size_t len,

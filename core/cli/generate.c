@@ -1,6 +1,8 @@
-/* generate.c: `tmx generate` — tokenize a prompt, prefill it, then sample and print tokens as
- * they come; the last line reports tokens/s. Under mpirun the processes of ranks 1..N-1 only
- * follow rank 0's steps and print nothing. */
+/* generate.c: `tmx generate` — tokenize a prompt (as written, or as one chat turn through the
+ * model's chat template), prefill it, then sample and print tokens as they come; the last line
+ * reports tokens/s. Under mpirun the processes of ranks 1..N-1 only follow rank 0's steps and
+ * print nothing. */
+#include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,10 +10,17 @@
 #include <time.h>
 
 #include "cli.h"
+#include "tmx/fs.h"
+#include "tmx/template.h"
 
 static const char usage[] =
-    "usage: tmx generate --model DIR --prompt TEXT [-n N] [options]\n\n"
+    "usage: tmx generate --model DIR (--prompt TEXT | --file FILE) [-n N] [options]\n\n"
     "  -p, --prompt TEXT      the text to continue (special tokens like <|start|> are parsed)\n"
+    "  -f, --file FILE        the prompt is FILE's text, less one final newline\n"
+    "                         (- = standard input)\n"
+    "      --chat             the prompt is a user's message: rendered with the model's chat\n"
+    "                         template, ready for the assistant's answer (no bos added)\n"
+    "      --system TEXT      with --chat, a system message before it\n"
     "  -n, --n-predict N      tokens to generate (default 64); stops early at end of sequence\n"
     "      --temperature T    0 = greedy (default 0)\n"
     "      --top-k K          keep the K most likely tokens (default 0 = off)\n"
@@ -23,10 +32,34 @@ static const char usage[] =
 
 static const char cmd[] = "generate";
 
+enum { OPT_CHAT = 0x100, OPT_SYSTEM }; /* getopt values of long-only options */
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The text a chat template makes of [system,] user, ready for the assistant's turn. */
+static enum tmx_status chat_prompt(const struct tmx_engine *e, const char *system,
+                                   const char *user, char **text, char **err) {
+    struct tmx_template *t = NULL;
+    json_t *ctx = NULL, *msgs = json_array();
+    enum tmx_status st = tmx_chat_template_load(tmx_engine_model_dir(e), &t, &ctx, err);
+    if (st == TMX_OK) {
+        if (system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system",
+                                                          "content", system));
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", user));
+        if (!msgs || json_array_size(msgs) != 1u + !!system ||
+            json_object_set(ctx, "messages", msgs) ||
+            json_object_set_new(ctx, "add_generation_prompt", json_true()))
+            st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    }
+    if (st == TMX_OK) st = tmx_template_render(t, ctx, NULL, text, NULL, err);
+    json_decref(msgs);
+    json_decref(ctx);
+    tmx_template_free(t);
+    return st;
 }
 
 /* Feeds `next` to seq and picks the token after it where the logits are when the model can:
@@ -62,20 +95,25 @@ int cmd_generate(int argc, char **argv) {
         {"temperature", required_argument, 0, 'T'}, {"top-k", required_argument, 0, 'K'},
         {"top-p", required_argument, 0, 'P'}, {"min-p", required_argument, 0, 'M'},
         {"seed", required_argument, 0, 's'}, {"no-bos", no_argument, 0, 'B'},
+        {"file", required_argument, 0, 'f'}, {"chat", no_argument, 0, OPT_CHAT},
+        {"system", required_argument, 0, OPT_SYSTEM},
         {"help", no_argument, 0, 'h'}, CLI_TP_LONGOPT, CLI_ENGINE_LONGOPTS, {0, 0, 0, 0}};
     struct cli_engine_opts eo = {0};
     char tp_set[32];
-    const char *prompt = NULL;
+    const char *prompt = NULL, *file = NULL, *system = NULL;
     double temperature = 0, top_p = 1, min_p = 0;
     long long n_predict = 64, top_k = 0, seed = -2; /* seed -2: the config's */
-    int bos = 1, c, r;
-    while ((c = getopt_long(argc, argv, "p:n:h" CLI_ENGINE_SHORTOPTS, longopts, NULL)) != -1) {
+    int bos = 1, chat = 0, c, r;
+    while ((c = getopt_long(argc, argv, "p:f:n:h" CLI_ENGINE_SHORTOPTS, longopts, NULL)) != -1) {
         if ((r = cli_engine_opt(&eo, c, optarg)) != 0) {
             if (r < 0) return 2;
             continue;
         }
         switch (c) {
         case 'p': prompt = optarg; break;
+        case 'f': file = optarg; break;
+        case OPT_CHAT: chat = 1; break;
+        case OPT_SYSTEM: system = optarg; break;
         case 'n': r = cli_parse_int(cmd, "n-predict", optarg, 0, INT_MAX, &n_predict); break;
         case 'T': r = cli_parse_real(cmd, "temperature", optarg, 0, 100, &temperature); break;
         case 'K': r = cli_parse_int(cmd, "top-k", optarg, 0, INT_MAX, &top_k); break;
@@ -89,14 +127,35 @@ int cmd_generate(int argc, char **argv) {
         }
         if (r < 0) return 2;
     }
-    if (!prompt || optind < argc) {
-        fprintf(stderr, "tmx generate: %s\n%s", prompt ? "unexpected argument" :
-                "--prompt TEXT is required", usage);
+    const char *bad = optind < argc            ? "unexpected argument"
+                      : !prompt == !file         ? "give one of --prompt TEXT and --file FILE"
+                      : system && !chat          ? "--system needs --chat"
+                      : chat && !bos             ? "--no-bos does not go with --chat (the "
+                                                   "template writes the bos token)"
+                                                 : NULL;
+    if (bad) {
+        fprintf(stderr, "tmx generate: %s\n%s", bad, usage);
         return 2;
     }
+    char *err = NULL, *text = NULL; /* --file's, read before the model loads */
+    size_t text_len = 0;
+    enum tmx_status st = file ? tmx_file_read(file, &text, &text_len, &err) : TMX_OK;
+    if (st == TMX_OK && text && strlen(text) != text_len)
+        st = tmx_err(&err, TMX_ERR_INVALID, "%s: holds a NUL byte: the prompt must be text", file);
+    if (st != TMX_OK) {
+        free(text);
+        return cli_fail("generate", err);
+    }
+    if (text_len && text[text_len - 1] == '\n') text[--text_len] = 0; /* as llama.cpp's -f */
     struct tmx_engine *e = cli_engine_open(&eo, "generate");
-    if (!e) return 1;
-    if (tmx_engine_rank(e) != 0) return cli_follow(e, "generate");
+    if (!e) {
+        free(text);
+        return 1;
+    }
+    if (tmx_engine_rank(e) != 0) {
+        free(text);
+        return cli_follow(e, "generate");
+    }
 
     const struct tmx_tokenizer *tok = tmx_engine_tokenizer(e);
     const struct tmx_model_config *mc = tmx_model_cfg(tmx_engine_model(e));
@@ -112,14 +171,15 @@ int cmd_generate(int argc, char **argv) {
     float *logits = NULL;
     size_t piece_cap = 64; /* grown to fit each token printed: a token's bytes may be any length */
     char *piece = NULL;
-    char *err = NULL;
+    char *chat_text = NULL;
     int rc = 1;
 
-    enum tmx_status st = tmx_sampler_new(&sp, n_vocab, &sampler, &err);
-    if (st == TMX_OK)
-        st = tmx_tokenizer_encode(tok, prompt, strlen(prompt), 1, &prompt_ids, &n_ids, &err);
-    if (st == TMX_OK) { /* [bos] + prompt */
-        const int with_bos = bos && mc->bos_token_id >= 0;
+    st = tmx_sampler_new(&sp, n_vocab, &sampler, &err);
+    if (st == TMX_OK && chat) st = chat_prompt(e, system, file ? text : prompt, &chat_text, &err);
+    const char *in = chat ? chat_text : file ? text : prompt;
+    if (st == TMX_OK) st = tmx_tokenizer_encode(tok, in, strlen(in), 1, &prompt_ids, &n_ids, &err);
+    if (st == TMX_OK) { /* [bos] + prompt; a chat template writes its own */
+        const int with_bos = bos && !chat && mc->bos_token_id >= 0;
         ids = malloc((n_ids + 1) * sizeof *ids);
         logits = malloc((size_t)mc->vocab_size * sizeof *logits);
         piece = malloc(piece_cap);
@@ -131,7 +191,8 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     if (st == TMX_OK && n_ids == 0)
-        st = tmx_err(&err, TMX_ERR_INVALID, "--prompt is empty and the model has no bos_token_id");
+        st = tmx_err(&err, TMX_ERR_INVALID, "the prompt is empty and %s",
+                     chat ? "the chat template wrote nothing" : "the model has no bos_token_id");
     const int n_ctx = tmx_engine_n_ctx(e);
     if (st == TMX_OK && n_ids + (size_t)n_predict > (size_t)n_ctx)
         st = tmx_err(&err, TMX_ERR_INVALID,
@@ -189,6 +250,8 @@ int cmd_generate(int argc, char **argv) {
     tmx_seq_free(seq);
     tmx_sampler_free(sampler);
     free(prompt_ids);
+    free(text);
+    free(chat_text);
     free(ids);
     free(logits);
     free(piece);

@@ -196,6 +196,35 @@ def copy_model(src, dst, tensors=None, tokenizer=None):
     return str(dst)
 
 
+def test_generate_file_and_chat_prompts(tiny, tmp_path):
+    """--file (a path or -) and --chat give the text they stand for: greedy output and prompt
+    length equal --prompt's with that text."""
+    tmx = os.path.join(BIN_DIR, "tmx")
+
+    def run(*args, stdin=None):
+        r = subprocess.run([tmx, "generate", "--model", tiny, "-n", "8", *args], input=stdin,
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.rsplit("\n", 2)[0], re.search(r"prompt: (\d+) tokens", r.stdout)[1]
+
+    text = "Once upon a time, in a kingdom by the sea,"
+    (tmp_path / "prompt.txt").write_text(text + "\n")  # the final newline is not the prompt's
+    want = run("--prompt", text)
+    assert run("--file", str(tmp_path / "prompt.txt")) == want
+    assert run("-f", "-", stdin=text + "\n") == want
+    # The tiny model's template, as transformers renders it for one system and one user turn.
+    chat = ("<|begin_of_text|><|start|>system\nBe brief.<|end|>\n<|start|>user\n" + text +
+            "<|end|>\n<|start|>assistant\n")
+    assert run("--chat", "--system", "Be brief.", "--prompt", text) == \
+        run("--no-bos", "--prompt", chat)
+    for args, message in ((["--prompt", "x", "--file", "y"], "give one of --prompt"),
+                          (["--prompt", "x", "--system", "y"], "--system needs --chat"),
+                          (["--file", str(tmp_path / "none.txt")], "none.txt: No such file")):
+        r = subprocess.run([tmx, "generate", "--model", tiny, *args], capture_output=True,
+                           text=True)
+        assert r.returncode != 0 and message in r.stderr.splitlines()[0], r.stderr
+
+
 @pytest.mark.parametrize("args, option", [
     *[(["-n", v], "--n-predict") for v in ("1e30", "inf", "nan", "4294967297", "2.7", "")],
     *[(["--top-k", v], "--top-k") for v in ("1e20", "2.5", "-1")],

@@ -1,5 +1,8 @@
-/* test_fs.c: paths resolved before writing, and folder removal (core/fs.c, tmx/fs.h).
+/* test_fs.c: whole files read, paths resolved before writing, and folder removal (core/fs.c,
+ * tmx/fs.h).
  *
+ * A file larger than one read comes back whole and NUL-terminated, an empty one as "", a missing
+ * one as TMX_ERR_NOT_FOUND and a folder as TMX_ERR_IO, each message naming the path.
  * In a temporary folder holding a/b, a link to a and a file: paths that exist resolve as
  * realpath(3) has them; paths that do not resolve through their nearest existing parent, with
  * "." and ".." taken as written and repeated or trailing slashes dropped; "within" holds for a
@@ -115,11 +118,40 @@ static void test_remove_tree(void **state) {
     assert_int_equal(tmx_remove_tree(p, NULL), TMX_OK);
 }
 
+static void test_file_read(void **state) {
+    (void)state;
+    char p[4096], *text = NULL, *err = NULL;
+    size_t len = 1, big = 200000; /* more than one 64 KiB read */
+    path(p, "a/b/f");
+    assert_int_equal(tmx_file_read(p, &text, &len, NULL), TMX_OK);
+    assert_int_equal(len, 0);
+    assert_string_equal(text, "");
+    free(text);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    for (size_t i = 0; i < big; i++) fputc('a' + (int)(i % 26), f);
+    fclose(f);
+    assert_int_equal(tmx_file_read(p, &text, &len, NULL), TMX_OK);
+    assert_int_equal(len, big);
+    assert_int_equal(strlen(text), big);
+    assert_int_equal(text[big - 1], 'a' + (int)((big - 1) % 26));
+    free(text);
+    path(p, "missing");
+    assert_int_equal(tmx_file_read(p, &text, &len, &err), TMX_ERR_NOT_FOUND);
+    assert_non_null(strstr(err, p));
+    free(err);
+    path(p, "a");
+    assert_int_equal(tmx_file_read(p, &text, &len, &err), TMX_ERR_IO);
+    assert_non_null(strstr(err, "Is a directory"));
+    free(err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_resolve, setup, teardown),
         cmocka_unit_test_setup_teardown(test_within, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remove_tree, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_file_read, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
