@@ -34,8 +34,8 @@ static enum tmx_status repeat_init(const struct tmx_host *host, const struct tmx
                                    void **ctx, char **err) {
     const int64_t ngram = host->opt_int(opts, "ngram");
     if (ngram < 1 || ngram > REPEAT_NGRAM_MAX)
-        return host->err(err, TMX_ERR_INVALID, "drafter repeat: ngram must be in [1, %d], got %lld",
-                         REPEAT_NGRAM_MAX, (long long)ngram);
+        return host->err(err, TMX_ERR_INVALID, "%s: must be in [1, %d], got %lld",
+                         tmx_opt_where(host, opts, "ngram"), REPEAT_NGRAM_MAX, (long long)ngram);
     struct repeat *r = calloc(1, sizeof *r);
     if (!r) return host->err(err, TMX_ERR_NOMEM, "drafter repeat: out of memory");
     r->ngram = (int)ngram;
