@@ -880,9 +880,12 @@ enum tmx_status tmx_model_step_greedy(struct tmx_model *m, struct tmx_seq *const
     return step(m, seqs, tokens, n, n_seqs, 0, PICK_GREEDY, n_vocab, &out, err);
 }
 
+int tmx_model_on_device(const struct tmx_model *m) {
+    return !(m->k->plugin->caps & TMX_CAP_HOST_MEMORY);
+}
+
 int tmx_model_can_top(const struct tmx_model *m) {
-    return m->kv && top_on_set(m) &&
-           (m->tp.n > 1 || !(m->k->plugin->caps & TMX_CAP_HOST_MEMORY));
+    return m->kv && top_on_set(m) && (m->tp.n > 1 || tmx_model_on_device(m));
 }
 
 int tmx_model_can_edit(const struct tmx_model *m) {

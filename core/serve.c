@@ -621,17 +621,11 @@ static void *loop(void *arg) {
     return NULL;
 }
 
-/* What the first requests would run, run before any arrives, so that they do not pay for first
- * calls and first touches: a prompt of a whole step's tokens (config key batch, at most the
- * context less 3; its buffers' pages are touched the first time a step is that wide), then one
- * decode step of each kind the scheduler makes (greedy, top where it takes top steps, logits;
- * on CUDA the first launches load the modules, cuBLASLt makes its first calls and the decode
- * graphs of one sequence are recorded). The sequence is freed after; its prompt's blocks stay
- * in the prefix cache as any request's do. */
-static enum tmx_status warm_up(struct tmx_serve *s, char **err) {
-    const int n = s->n_batch < s->n_ctx - 3 ? s->n_batch : s->n_ctx - 3;
-    if (n < 1) return TMX_OK; /* a context too short to bother */
-    const double t0 = now();
+/* One warm-up prompt: n tokens in a fresh sequence, a greedy step; then, with `decode`, one
+ * decode step of each kind the scheduler makes (greedy, top where it takes top steps, logits).
+ * Returns the decode steps made in *steps. */
+static enum tmx_status warm_prompt(struct tmx_serve *s, int n, int decode, int *steps,
+                                   char **err) {
     int32_t *tokens = malloc((size_t)n * sizeof *tokens), next = 0;
     if (!tokens) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) tokens[i] = i % s->n_vocab;
@@ -639,23 +633,46 @@ static enum tmx_status warm_up(struct tmx_serve *s, char **err) {
     enum tmx_status st = tmx_seq_new(s->m, s->n_ctx, &q, err);
     if (st == TMX_OK) st = tmx_seq_reserve(q, n + 3, err);
     const int32_t *tok = tokens;
-    int len = n, steps = 0;
+    int len = n;
     const float temp = 1.0f;
     if (st == TMX_OK) st = tmx_model_step_greedy(s->m, &q, &tok, &len, 1, s->n_vocab, &next, err);
     tok = &next;
     len = 1;
-    for (int kind = 0; st == TMX_OK && kind < 3; kind++) { /* greedy, top, logits */
+    for (int kind = 0; decode && st == TMX_OK && kind < 3; kind++) { /* greedy, top, logits */
         if (kind == 1 && !tmx_model_can_top(s->m)) continue;
         st = kind == 0 ? tmx_model_step_greedy(s->m, &q, &tok, &len, 1, s->n_vocab, &next, err)
            : kind == 1 ? tmx_model_step_top(s->m, &q, &tok, &len, 1, s->n_vocab, &temp, NULL,
                                             NULL, s->top_x, s->top_id, s->top_stat, err)
                        : tmx_model_step(s->m, &q, &tok, &len, 1, s->logits, err);
-        steps += st == TMX_OK;
+        *steps += st == TMX_OK;
     }
     tmx_seq_free(q);
     free(tokens);
+    return st;
+}
+
+/* What the first requests would run, run before any arrives, so that they do not pay for first
+ * calls and first touches: a prompt of a whole step's tokens (config key batch, at most the
+ * context less 3; its buffers' pages are touched the first time a step is that wide), then one
+ * decode step of each kind the scheduler makes (on CUDA the first launches load the modules,
+ * cuBLASLt makes its first calls and the decode graphs of one sequence are recorded). On a
+ * device, prompts of half as many tokens, and half that, down to 16, too: cuBLASLt picks its
+ * kernels by width and each is loaded when first used (H200, muse-mini: a first prompt of 115
+ * tokens after one of 230 paid 8.5 ms more than a second one: docs/perf/h200.md). The
+ * sequences are freed after; their prompts' blocks stay in the prefix cache as any request's
+ * do. */
+static enum tmx_status warm_up(struct tmx_serve *s, char **err) {
+    const int n = s->n_batch < s->n_ctx - 3 ? s->n_batch : s->n_ctx - 3;
+    if (n < 1) return TMX_OK; /* a context too short to bother */
+    const double t0 = now();
+    const int halves = tmx_model_on_device(s->m) && n / 2 >= 16;
+    int steps = 0;
+    enum tmx_status st = warm_prompt(s, n, 1, &steps, err);
+    for (int w = n / 2; st == TMX_OK && halves && w >= 16; w /= 2)
+        st = warm_prompt(s, w, 0, &steps, err);
     if (st == TMX_OK)
-        tmx_log(TMX_LOG_INFO, "warm-up: a %d-token prompt and %d decode steps in %.1f ms", n, steps,
+        tmx_log(TMX_LOG_INFO, "warm-up: a %d-token prompt%s and %d decode steps in %.1f ms", n,
+                halves ? " (and prompts of half as many tokens, down to 16)" : "", steps,
                 1e3 * (now() - t0));
     return st;
 }

@@ -74,7 +74,6 @@ struct cu_ctx {
     int pdl;                   /* kernels of a graph may start while the one before runs
                                   (option pdl) */
     int bf16_mma;              /* 9-64 token BF16 matmuls in bf16_mma_kernel (option bf16_mma) */
-    int bf16_mma_ahead;        /* its loads a step ahead (option bf16_mma_ahead) */
     int gemv_max;              /* large BF16 weights past this many tokens go to cuBLASLt (1-8;
                                   option gemv_max) */
 };

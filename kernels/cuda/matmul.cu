@@ -618,16 +618,15 @@ __device__ __forceinline__ void mma_w_load(uint4 &za, uint4 &zb, const uint16_t 
 }
 
 /* y[n][m] = x[n][k] . w[m][k]^T for BF16 w, k a multiple of 8, x and w 16-byte aligned.
- * AHEAD (option bf16_mma_ahead, experimental): each step's weights and activations are loaded
- * a step ahead, into registers, and the activations staged into one of two buffers, so a step
- * waits at one barrier and its loads' latency passes under the step before. */
-template <bool AHEAD>
+ * Each step's weights and activations are loaded a step ahead, into registers, and the
+ * activations staged into one of two buffers, so a step waits at one barrier and its loads'
+ * latency passes under the step before (H200, muse-mini's decode at 9-64 sequences: 3-8% more
+ * tokens/s than loading and staging each step in turn: docs/perf/h200.md). */
 __global__ void __launch_bounds__(256)
 bf16_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
                 const uint16_t *__restrict__ w, int n, int m, int k) {
     tmx_pdl_enter();
-    __shared__ uint4 xb[AHEAD ? 2 : 1][MMA_KW][2][2][32]; /* [buffer][warp along k][tile]
-                                                             [k-step][lane] */
+    __shared__ uint4 xb[2][MMA_KW][2][2][32]; /* [buffer][warp along k][tile][k-step][lane] */
     __shared__ float4 red[MMA_KW - 1][2][2][32]; /* [warp along k - 1][warp along rows][tile]
                                                     [lane]: the sums of warps 1.. along k */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -640,39 +639,28 @@ bf16_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
     float acc[2][4] = {};
     uint4 za, zb, na, nb;
     float4 v[MMA_XS];
-    if (AHEAD) {
-        mma_x_load(v, x, n, k, t0, 0);
-        mma_w_load(za, zb, wa, wb, k, kl);
-        mma_x_stage(xb[0], v);
-        mma_x_load(v, x, n, k, t0, step);
-        __syncthreads();
-    }
+    mma_x_load(v, x, n, k, t0, 0);
+    mma_w_load(za, zb, wa, wb, k, kl);
+    mma_x_stage(xb[0], v);
+    mma_x_load(v, x, n, k, t0, step);
+    __syncthreads();
     for (int kb = 0, i = 0; kb < k; kb += step, i ^= 1) {
-        if (AHEAD) {
-            mma_w_load(na, nb, wa, wb, k, kb + step + kl);
-        } else {
-            mma_w_load(za, zb, wa, wb, k, kb + kl);
-            mma_x_load(v, x, n, k, t0, kb);
-            mma_x_stage(xb[0], v);
-            __syncthreads();
-        }
-        const int at = AHEAD ? i : 0;
+        mma_w_load(na, nb, wa, wb, k, kb + step + kl);
 #pragma unroll
         for (int s = 0; s < 2; s++) {
             const uint32_t a[4] = {s ? za.z : za.x, s ? zb.z : zb.x, s ? za.w : za.y,
                                    s ? zb.w : zb.y};
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                const uint4 b = xb[at][wk][j][s][lane];
+                const uint4 b = xb[i][wk][j][s][lane];
                 mma_bf16(acc[j], a, b.x, b.y);
                 mma_bf16(acc[j], a, b.z, b.w);
             }
         }
-        if (AHEAD) { /* the buffer written here was last read a step ago, before its barrier */
-            mma_x_stage(xb[i ^ 1], v);
-            mma_x_load(v, x, n, k, t0, kb + 2 * step);
-            za = na, zb = nb;
-        }
+        /* the buffer written here was last read a step ago, before its barrier */
+        mma_x_stage(xb[i ^ 1], v);
+        mma_x_load(v, x, n, k, t0, kb + 2 * step);
+        za = na, zb = nb;
         __syncthreads();
     }
     if (wk > 0)
@@ -714,10 +702,7 @@ static void bf16_mma(struct cu_ctx *c, float *y, const float *x, const void *w, 
                      int k) {
     const dim3 grid((unsigned)((n + MMA_TOKENS - 1) / MMA_TOKENS),
                     (unsigned)((m + MMA_ROWS - 1) / MMA_ROWS));
-    if (c->bf16_mma_ahead)
-        cu_launch(c, bf16_mma_kernel<true>, grid, 256, 0, y, x, (const uint16_t *)w, n, m, k);
-    else
-        cu_launch(c, bf16_mma_kernel<false>, grid, 256, 0, y, x, (const uint16_t *)w, n, m, k);
+    cu_launch(c, bf16_mma_kernel, grid, 256, 0, y, x, (const uint16_t *)w, n, m, k);
 }
 
 /* BF16 weights, n > 8: the hi/lo split into s (scratch of 2 align256(2 n k) bytes), then two

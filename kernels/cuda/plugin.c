@@ -161,7 +161,6 @@ static enum tmx_status cu_init(const struct tmx_host *host, const struct tmx_opt
     if (cudaGetDeviceProperties(&prop, c->device) != cudaSuccess) prop.major = 0;
     c->pdl = prop.major >= 9 && (!host->opt_bool || host->opt_bool(opts, "pdl"));
     c->bf16_mma = !host->opt_bool || host->opt_bool(opts, "bf16_mma");
-    c->bf16_mma_ahead = host->opt_bool && host->opt_bool(opts, "bf16_mma_ahead");
     c->gemv_max = (int)gemv_max;
     if (host->log && prop.major)
         host->log(TMX_LOG_INFO, "kernels.cuda: device %d: %s (sm_%d%d, %d SMs)%s", c->device,
@@ -395,9 +394,6 @@ static const struct tmx_option cu_options[] = {
     {"bf16_mma", TMX_OPT_BOOL, "true", "BF16 matmuls of 9 to 64 tokens with weights of at most "
      "1,024 columns in one tensor-core kernel of the set's own instead of cuBLASLt's two split "
      "GEMMs"},
-    {"bf16_mma_ahead", TMX_OPT_BOOL, "false", "experimental, not yet run on a GPU: that kernel "
-     "loads each step's weights and activations a step ahead and stages the activations in two "
-     "buffers (one barrier a step)"},
     {"gemv_max", TMX_OPT_INT, "3", "BF16 matmuls of weights of at least 4,096 rows and 2,048 "
      "columns take the GEMV kernels up to this many tokens (1 to 8) and cuBLASLt's split GEMMs "
      "beyond; other weights take the GEMV up to 8 tokens"},

@@ -190,6 +190,9 @@ enum tmx_status tmx_model_step_greedy(struct tmx_model *m, struct tmx_seq *const
  * reads them: its topk would cost as much as the sampler's own pass over the row, and more. */
 int tmx_model_can_top(const struct tmx_model *m);
 
+/* Whether the kernel set's buffers are device memory (its plugin lacks TMX_CAP_HOST_MEMORY). */
+int tmx_model_on_device(const struct tmx_model *m);
+
 /* Whether top steps can carry logit edits here: tmx_model_can_top, and the kernel set has
  * logit_edit (ABI 2.5). */
 int tmx_model_can_edit(const struct tmx_model *m);
