@@ -9,8 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model-impl.h"
+#include "pool.h"
 #include "tmx/log.h"
 #include "tmx/pack.h"
 
@@ -390,11 +392,9 @@ static enum tmx_status open_codec(struct tmx_model *m, const char *dir, struct t
     }
     /* A host-memory set lends the codec its threads: two pools on the same cores would take
      * them from each other, the idle one spinning while the other works. */
-    const struct tmx_kernels_i *kops = m->k->ops;
-    if (st == TMX_OK && (m->k->plugin->caps & TMX_CAP_HOST_MEMORY) &&
-        TMX_OPS_HAS(kops, host_threads) && TMX_OPS_HAS(m->codec_ops, use_threads)) {
-        struct tmx_threads threads;
-        kops->host_threads(m->k->ctx, &threads);
+    struct tmx_threads threads;
+    if (st == TMX_OK && TMX_OPS_HAS(m->codec_ops, use_threads) &&
+        tmx_model_host_threads(m, &threads)) {
         m->codec_ops->use_threads(m->codec_ctx, &threads);
         tmx_log(TMX_LOG_DEBUG, "codec.%s runs on kernel set %s's %d threads", m->codec->name,
                 m->k->plugin->name, threads.n_threads);
@@ -568,3 +568,43 @@ void tmx_model_free(struct tmx_model *m) {
 }
 
 const struct tmx_model_config *tmx_model_cfg(const struct tmx_model *m) { return &m->cfg; }
+
+int tmx_model_host_threads(const struct tmx_model *m, struct tmx_threads *out) {
+    const struct tmx_kernels_i *kops = m->k->ops;
+    if (!(m->k->plugin->caps & TMX_CAP_HOST_MEMORY) || !TMX_OPS_HAS(kops, host_threads))
+        return 0;
+    kops->host_threads(m->k->ctx, out);
+    return 1;
+}
+
+struct tmx_step_threads {
+    struct tmx_threads threads;
+    struct tmx_pool *own; /* NULL: the kernel set's */
+};
+
+enum tmx_status tmx_step_threads_new(const struct tmx_model *m, int n,
+                                     struct tmx_step_threads **out, char **err) {
+    struct tmx_step_threads *t = calloc(1, sizeof *t);
+    if (!t) return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
+    if (!tmx_model_host_threads(m, &t->threads)) {
+        const long online = sysconf(_SC_NPROCESSORS_ONLN);
+        if (n <= 0) n = online > 0 && online < 1024 ? (int)online : 1;
+        if (tmx_pool_new(n, TMX_POOL_YIELD, &t->own) != TMX_OK) {
+            free(t);
+            return tmx_err(err, TMX_ERR_NOMEM, "cannot start %d threads", n);
+        }
+        t->threads = tmx_pool_as_threads(t->own);
+    }
+    *out = t;
+    return TMX_OK;
+}
+
+void tmx_step_threads_free(struct tmx_step_threads *t) {
+    if (!t) return;
+    tmx_pool_free(t->own);
+    free(t);
+}
+
+const struct tmx_threads *tmx_step_threads_get(const struct tmx_step_threads *t) {
+    return &t->threads;
+}

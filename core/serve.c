@@ -43,6 +43,15 @@ struct request {
     struct request *next;
 };
 
+/* A step's token for one row and what its event reports. */
+struct row_pick {
+    int32_t tok;
+    float logprob;
+    int n_top;
+    int32_t top_ids[TMX_MAX_TOP_LOGPROBS];
+    float top_lp[TMX_MAX_TOP_LOGPROBS];
+};
+
 struct tmx_serve {
     struct tmx_engine *e;
     struct tmx_model *m;
@@ -65,20 +74,21 @@ struct tmx_serve {
     float *top_x;                     /* [max_running][TMX_TOPK_MAX] its first candidates */
     int32_t *top_id;                  /* [max_running][TMX_TOPK_MAX] */
     double *top_stat;                 /* [max_running][3] */
-    float *work;                      /* [vocab_size] */
-    int32_t *edit_starts;             /* [max_running + 1] of a top step: each row's edits */
-    struct tmx_logit_edit *edits;     /* [edit_cap] of a step, or of one request (pick) */
+    float *work;                      /* [draw threads][vocab_size] a draw's edited logits */
+    int32_t *edit_starts;             /* [max_running + 1] of a step: each row's edits */
+    struct tmx_logit_edit *edits;     /* [edit_cap] of a step */
     size_t edit_cap;
     struct tmx_seq **b_seq;           /* [max_running] the step's batch */
     const int32_t **b_tok;            /* [max_running] */
     int *b_n;                         /* [max_running] */
     struct request **b_req;           /* [max_running] */
     int *edit_at;                     /* [vocab_size] scratch of edits_of, kept zero */
+    struct row_pick *picks;           /* [max_running] of a step: each row's token */
+    int *drawn;                       /* [max_running] rows whose draw reads their whole row */
+    struct tmx_step_threads *draws;   /* the threads the draws over whole rows run on */
     struct tmx_sampling_defaults defaults; /* what requests sample with unless they say */
     struct tmx_template *chat;        /* the model's chat template, or NULL */
     json_t *special;                  /* bos_token / eos_token strings for the template */
-    int32_t top_ids[TMX_MAX_TOP_LOGPROBS];
-    float top_lp[TMX_MAX_TOP_LOGPROBS];
 };
 
 static double now(void) {
@@ -114,21 +124,21 @@ static double log_sum_exp(const float *x, int n) {
     return max + log(s);
 }
 
-/* Adds token id of log probability lp to the event's list in s->top_ids / s->top_lp, *k long
- * so far and at most want (<= TMX_MAX_TOP_LOGPROBS), which goes by lp descending, the lower id
- * first among equal ones. */
-static void top_add(struct tmx_serve *s, int *k, int want, int32_t id, float lp) {
-    if (want == 0 || (*k == want && (lp < s->top_lp[*k - 1] ||
-                                     (lp == s->top_lp[*k - 1] && id > s->top_ids[*k - 1]))))
+/* Adds token id of log probability lp to o's list, o->n_top long so far and at most want
+ * (<= TMX_MAX_TOP_LOGPROBS), which goes by lp descending, the lower id first among equal ones. */
+static void top_add(struct row_pick *o, int want, int32_t id, float lp) {
+    const int k = o->n_top;
+    if (want == 0 ||
+        (k == want && (lp < o->top_lp[k - 1] || (lp == o->top_lp[k - 1] && id > o->top_ids[k - 1]))))
         return;
-    int j = *k < want ? (*k)++ : *k - 1;
-    for (; j > 0 && (s->top_lp[j - 1] < lp || (s->top_lp[j - 1] == lp && s->top_ids[j - 1] > id));
+    int j = k < want ? o->n_top++ : k - 1;
+    for (; j > 0 && (o->top_lp[j - 1] < lp || (o->top_lp[j - 1] == lp && o->top_ids[j - 1] > id));
          j--) {
-        s->top_ids[j] = s->top_ids[j - 1];
-        s->top_lp[j] = s->top_lp[j - 1];
+        o->top_ids[j] = o->top_ids[j - 1];
+        o->top_lp[j] = o->top_lp[j - 1];
     }
-    s->top_ids[j] = id;
-    s->top_lp[j] = lp;
+    o->top_ids[j] = id;
+    o->top_lp[j] = lp;
 }
 
 /* Whether r's sampler reads nothing but its logits over the tokenizer's ids (no logit bias or
@@ -188,37 +198,30 @@ static int edits_room(struct tmx_serve *s, size_t n) {
     return 1;
 }
 
-/* Picks the next token of r from its logits: with `edited` 0 the logit bias and penalties go
- * on a copy (edited 1: the logits carry them, from a top step), then the request's sampler
- * (top: the row's first candidates, when a top step's draw needed the rest of it). Fills the
- * event's logprobs from the logits, which are unmodified when r asks for them. */
-static int32_t pick(struct tmx_serve *s, struct request *r, const float *logits, int edited,
-                    const struct tmx_sampler_top *top, struct tmx_token_event *ev) {
+/* Draws r's next token from its logits into o: with `edited` 0 its edits e[n_edits] (logit
+ * bias and penalties) go on a copy in work[n_vocab] (edited 1: the logits carry them, from a top
+ * step), then the request's sampler (top: the row's first candidates, when a top step's draw
+ * needed the rest of it). Fills o's logprobs from the logits, which are unmodified when r asks
+ * for them. Touches nothing but r's sampler, work and o: draws of other rows run beside it. */
+static void pick(const struct tmx_serve *s, struct request *r, const float *logits, int edited,
+                 const struct tmx_sampler_top *top, const struct tmx_logit_edit *e, int n_edits,
+                 float *work, struct row_pick *o) {
     const struct tmx_request_params *p = &r->p;
     const int n = s->n_vocab;
     const float *x = logits;
-    if (!edited && !plain(r)) {
-        const int n_edits = edits_of(s, r, s->edits);
-        memcpy(s->work, logits, (size_t)n * sizeof *s->work);
-        for (int i = 0; i < n_edits; i++) {
-            const struct tmx_logit_edit *e = &s->edits[i];
-            s->work[e->id] = tmx_logit_edit_apply(e, s->work[e->id]);
-        }
-        x = s->work;
+    if (!edited && n_edits > 0) {
+        memcpy(work, logits, (size_t)n * sizeof *work);
+        for (int i = 0; i < n_edits; i++) work[e[i].id] = tmx_logit_edit_apply(&e[i], work[e[i].id]);
+        x = work;
     }
-    const int32_t tok = top ? tmx_sampler_sample_rest(r->sampler, top, x)
-                            : tmx_sampler_sample(r->sampler, x);
+    o->tok = top ? tmx_sampler_sample_rest(r->sampler, top, x) : tmx_sampler_sample(r->sampler, x);
+    o->n_top = 0;
     if (p->top_logprobs >= 0) {
         const double lse = log_sum_exp(logits, n);
-        int k = 0;
         for (int i = 0; i < n && p->top_logprobs > 0; i++)
-            top_add(s, &k, p->top_logprobs, i, (float)(logits[i] - lse));
-        ev->logprob = (float)(logits[tok] - lse);
-        ev->n_top = k;
-        ev->top_ids = s->top_ids;
-        ev->top_logprobs = s->top_lp;
+            top_add(o, p->top_logprobs, i, (float)(logits[i] - lse));
+        o->logprob = (float)(logits[o->tok] - lse);
     }
-    return tok;
 }
 
 /* --- events -------------------------------------------------------------------------------- */
@@ -249,39 +252,39 @@ static struct tmx_sampler_top top_row(const struct tmx_serve *s, int j) {
                                     (int)st[1]};
 }
 
-/* r's next token from t, row j of a top step, and its log probabilities as pick() finds them
- * in the whole row (the softmax at temperature 1 and the top_logprobs most likely, the lower
- * id first among equal ones), which lie among the candidates. -1 when the draw or the list
- * needs more of the row (then pick() makes it, with the same random number). */
-static int32_t pick_top(struct tmx_serve *s, struct request *r, const struct tmx_sampler_top *t,
-                        int j, struct tmx_token_event *ev) {
+/* r's next token from t, row j of a top step, into o, and its log probabilities as pick()
+ * finds them in the whole row (the softmax at temperature 1 and the top_logprobs most likely,
+ * the lower id first among equal ones), which lie among the candidates. o->tok is -1 when the
+ * draw or the list needs more of the row (then pick() makes it, with the same random number). */
+static void pick_top(const struct tmx_serve *s, struct request *r, const struct tmx_sampler_top *t,
+                     int j, struct row_pick *o) {
     const float *x = t->x;
     const int32_t *id = t->id;
     const double *st = s->top_stat + 3 * (size_t)j;
     const int want = r->p.top_logprobs, known = t->n < TMX_TOPK_MAX ? t->n : TMX_TOPK_MAX;
-    if (want > known) return -1; /* pick() lists ids of -inf too */
-    const int32_t tok = tmx_sampler_sample_top(r->sampler, t);
-    if (tok < 0 || want < 0) return tok;
+    o->n_top = 0;
+    o->tok = want > known ? -1 : tmx_sampler_sample_top(r->sampler, t); /* pick() lists ids of
+                                                                          -inf too */
+    if (o->tok < 0 || want < 0) return;
     const double lse = x[0] + log(st[2]);
-    int k = 0;
     for (int i = 0; i < known; i++) {
         const float lp = (float)(x[i] - lse);
-        if (id[i] == tok) ev->logprob = lp;
-        top_add(s, &k, want, id[i], lp);
+        if (id[i] == o->tok) o->logprob = lp;
+        top_add(o, want, id[i], lp);
     }
-    ev->n_top = k;
-    ev->top_ids = s->top_ids;
-    ev->top_logprobs = s->top_lp;
-    return tok;
 }
 
-/* Samples r's next token from its logits (edited: they carry r's edits; top: as pick() takes
- * it; logits NULL: `tok` is it, and ev has its log probabilities if r asked for them) and
- * reports it. Returns 1 when r is finished. */
-static int emit(struct tmx_serve *s, struct request *r, const float *logits, int edited,
-                const struct tmx_sampler_top *top, int32_t tok, struct tmx_token_event *evp) {
-    struct tmx_token_event ev = *evp;
-    if (logits) tok = pick(s, r, logits, edited, top, &ev);
+/* Reports r's token o (with its log probabilities if r asked for them). Returns 1 when r is
+ * finished. */
+static int emit(struct tmx_serve *s, struct request *r, const struct row_pick *o) {
+    struct tmx_token_event ev = {.id = r->id};
+    const int32_t tok = o->tok;
+    if (r->p.top_logprobs >= 0) {
+        ev.logprob = o->logprob;
+        ev.n_top = o->n_top;
+        ev.top_ids = o->top_ids;
+        ev.top_logprobs = o->top_lp;
+    }
     r->tokens[r->n_tokens++] = tok;
     r->n_gen++;
     const double t = now();
@@ -430,6 +433,23 @@ static void batch_add(struct tmx_serve *s, int *nb, struct request *r, int n) {
     (*nb)++;
 }
 
+/* The draws over whole rows of a step: item i is row s->drawn[i]. */
+struct draw_job {
+    struct tmx_serve *s;
+    int top; /* the step was a top step: the rows were read back, and carry their edits */
+};
+
+static void draw_row(void *arg, int64_t item, int thread) {
+    const struct draw_job *d = arg;
+    struct tmx_serve *s = d->s;
+    const int j = s->drawn[item];
+    struct request *r = s->b_req[j];
+    const struct tmx_sampler_top t = d->top ? top_row(s, j) : (struct tmx_sampler_top){0};
+    const int e0 = s->edit_starts[j];
+    pick(s, r, s->logits + (size_t)j * s->vocab_size, d->top, d->top ? &t : NULL, s->edits + e0,
+         s->edit_starts[j + 1] - e0, s->work + (size_t)thread * s->vocab_size, &s->picks[j]);
+}
+
 /* Ends r's run with an error (reap collects it). */
 static void fail(struct tmx_serve *s, struct request *r, const char *msg) {
     finish(s, r, TMX_FINISH_ERROR, msg);
@@ -495,8 +515,8 @@ static void step(struct tmx_serve *s) {
         for (int j = 0; j < nb; j++) fail(s, s->b_req[j], "out of memory for logit edits");
         return;
     }
-    int n_edits = 0; /* a top step's: those of the rows that get a token */
-    for (int j = 0; top && j < nb; j++) {
+    int n_edits = 0; /* those of the rows that get a token */
+    for (int j = 0; !greedy && j < nb; j++) {
         const struct request *r = s->b_req[j];
         s->edit_starts[j] = n_edits;
         if (r->n_fed + s->b_n[j] >= r->n_tokens && !plain(r))
@@ -511,29 +531,47 @@ static void step(struct tmx_serve *s) {
                                     n_edits ? s->edit_starts : NULL, s->edits, s->top_x,
                                     s->top_id, s->top_stat, &err)
                : tmx_model_step(s->m, s->b_seq, s->b_tok, s->b_n, nb, s->logits, &err);
+    /* Each row that gets a token takes it from the step's argmax, from its candidates, or
+     * from a draw over its whole row (read back after a top step). Those draws are
+     * independent and the costliest part of a sampled step, so they run on the draw threads;
+     * the tokens are reported after, in row order. */
+    int n_drawn = 0;
     for (int j = 0; j < nb; j++) {
         struct request *r = s->b_req[j];
+        struct row_pick *o = &s->picks[j];
+        o->tok = -2; /* no token this step */
         if (st != TMX_OK) {
             fail(s, r, err ? err : "forward pass failed");
             continue;
         }
         r->n_fed += s->b_n[j];
         if (r->n_fed < r->n_tokens) continue; /* more prompt to go */
-        float *logits = greedy ? NULL : s->logits + (size_t)j * s->vocab_size;
-        int32_t tok = greedy ? s->next[j] : -1;
-        struct tmx_token_event ev = {.id = r->id};
-        const struct tmx_sampler_top t = top ? top_row(s, j) : (struct tmx_sampler_top){0};
+        if (greedy) {
+            o->tok = s->next[j];
+            continue;
+        }
         if (top) {
-            tok = pick_top(s, r, &t, j, &ev);
+            const struct tmx_sampler_top t = top_row(s, j);
+            pick_top(s, r, &t, j, o);
+            if (o->tok >= 0) continue;
             char *rerr = NULL; /* past the candidates: the row, with the same random number */
-            if (tok >= 0) logits = NULL;
-            else if (tmx_model_read_logits(s->m, j, logits, &rerr) != TMX_OK) {
+            if (tmx_model_read_logits(s->m, j, s->logits + (size_t)j * s->vocab_size, &rerr) !=
+                TMX_OK) {
+                o->tok = -2;
                 fail(s, r, rerr);
                 free(rerr);
                 continue;
             }
         }
-        if (emit(s, r, logits, top && !plain(r), top ? &t : NULL, tok, &ev)) {
+        s->drawn[n_drawn++] = j;
+    }
+    struct draw_job job = {s, top};
+    const struct tmx_threads *th = tmx_step_threads_get(s->draws);
+    if (n_drawn > 1) th->run(th->pool, n_drawn, draw_row, &job);
+    else if (n_drawn == 1) draw_row(&job, 0, 0);
+    for (int j = 0; j < nb; j++) {
+        struct request *r = s->b_req[j];
+        if (s->picks[j].tok >= 0 && emit(s, r, &s->picks[j])) {
             tmx_seq_free(r->seq); /* finished */
             r->seq = NULL;
         }
@@ -715,7 +753,16 @@ enum tmx_status tmx_serve_new(struct tmx_engine *e, struct tmx_serve **out, char
     s->top_x = malloc(R * TMX_TOPK_MAX * sizeof *s->top_x);
     s->top_id = malloc(R * TMX_TOPK_MAX * sizeof *s->top_id);
     s->top_stat = malloc(R * 3 * sizeof *s->top_stat);
-    s->work = malloc((size_t)s->vocab_size * sizeof *s->work);
+    enum tmx_status st = tmx_step_threads_new(s->m, (int)tmx_config_int(cfg, "threads"),
+                                              &s->draws, err);
+    if (st != TMX_OK) {
+        tmx_serve_free(s);
+        return st;
+    }
+    const size_t n_threads = (size_t)tmx_step_threads_get(s->draws)->n_threads;
+    s->work = malloc(n_threads * s->vocab_size * sizeof *s->work);
+    s->picks = malloc(R * sizeof *s->picks);
+    s->drawn = malloc(R * sizeof *s->drawn);
     s->edit_starts = malloc((R + 1) * sizeof *s->edit_starts);
     s->edit_at = calloc((size_t)s->vocab_size, sizeof *s->edit_at);
     s->b_seq = malloc(R * sizeof *s->b_seq);
@@ -723,14 +770,13 @@ enum tmx_status tmx_serve_new(struct tmx_engine *e, struct tmx_serve **out, char
     s->b_n = malloc(R * sizeof *s->b_n);
     s->b_req = malloc(R * sizeof *s->b_req);
     if (!s->running || !s->gone || !s->logits || !s->next || !s->temps || !s->top_x ||
-        !s->top_id || !s->top_stat || !s->work || !s->edit_starts || !s->edit_at || !s->b_seq ||
-        !s->b_tok ||
-        !s->b_n || !s->b_req) {
+        !s->top_id || !s->top_stat || !s->work || !s->picks || !s->drawn || !s->edit_starts ||
+        !s->edit_at || !s->b_seq || !s->b_tok || !s->b_n || !s->b_req) {
         tmx_serve_free(s);
         return tmx_err(err, TMX_ERR_NOMEM, "out of memory");
     }
     char *terr = NULL; /* no template is fine: chat requests get a clear 400 */
-    enum tmx_status st = tmx_chat_template_load(tmx_engine_model_dir(e), &s->chat, &s->special,
+    st = tmx_chat_template_load(tmx_engine_model_dir(e), &s->chat, &s->special,
                                                 &terr);
     if (st != TMX_OK && st != TMX_ERR_NOT_FOUND) {
         tmx_serve_free(s);
@@ -776,6 +822,9 @@ void tmx_serve_free(struct tmx_serve *s) {
     free(s->top_id);
     free(s->top_stat);
     free(s->work);
+    free(s->picks);
+    free(s->drawn);
+    tmx_step_threads_free(s->draws);
     free(s->edit_starts);
     free(s->edits);
     free(s->edit_at);

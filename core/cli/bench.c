@@ -80,6 +80,8 @@ struct round {
     int32_t *top_id;               /* [b][TMX_TOPK_MAX] */
     double *top_stat;              /* [b][3] */
     float *logits;                 /* [b][vocab_size] rows read back */
+    int *drawn;                    /* [b] a step's rows drawn from whole */
+    const struct tmx_threads *threads; /* the draws', as tmx serve's */
     int64_t read_back;
     double draw_s, read_s;         /* time drawing (reads not in it) and reading rows back */
 };
@@ -123,37 +125,56 @@ static enum tmx_status prefill(struct round *r, int p, int *steps, char **err) {
     return TMX_OK;
 }
 
-/* One sampled decode step of all b sequences: a top step and each sequence's draw from its
- * candidates, the row read back for a draw that needs more (as tmx serve does), or where the
- * model takes no top steps a plain step and draws from the rows. */
-static enum tmx_status sample_step(struct round *r, char **err) {
+/* Draw item of a step: row r->drawn[item] from its whole row (after a top step, finished from
+ * its candidates' draw). */
+static void draw_row(void *arg, int64_t item, int thread) {
+    struct round *r = arg;
+    (void)thread;
+    const int i = r->drawn[item];
     const size_t V = (size_t)tmx_model_cfg(r->m)->vocab_size;
     if (!tmx_model_can_top(r->m)) {
-        enum tmx_status st = tmx_model_step(r->m, r->step_seq, r->toks, r->ns, r->b, r->logits,
-                                            err);
-        const double t0 = now();
-        for (int i = 0; st == TMX_OK && i < r->b; i++)
-            r->picks[i] = tmx_sampler_sample(r->samplers[i], r->logits + i * V);
-        r->draw_s += now() - t0;
-        return st;
+        r->picks[i] = tmx_sampler_sample(r->samplers[i], r->logits + i * V);
+        return;
     }
-    enum tmx_status st = tmx_model_step_top(r->m, r->step_seq, r->toks, r->ns, r->b, r->n_vocab,
-                                            r->temps, NULL, NULL, r->top_x, r->top_id,
-                                            r->top_stat, err);
-    const double t0 = now(), read0 = r->read_s;
-    for (int i = 0; st == TMX_OK && i < r->b; i++) {
-        const size_t at = (size_t)i * TMX_TOPK_MAX;
-        const double *stat = r->top_stat + 3 * (size_t)i;
-        const struct tmx_sampler_top t = {TMX_TOPK_MAX, r->top_x + at, r->top_id + at, stat[0],
-                                          (int)stat[1]};
-        r->picks[i] = tmx_sampler_sample_top(r->samplers[i], &t);
-        if (r->picks[i] >= 0) continue;
-        r->read_back++;
-        const double t1 = now();
-        st = tmx_model_read_logits(r->m, i, r->logits, err);
-        r->read_s += now() - t1;
-        if (st == TMX_OK) r->picks[i] = tmx_sampler_sample_rest(r->samplers[i], &t, r->logits);
+    const size_t at = (size_t)i * TMX_TOPK_MAX;
+    const double *stat = r->top_stat + 3 * (size_t)i;
+    const struct tmx_sampler_top t = {TMX_TOPK_MAX, r->top_x + at, r->top_id + at, stat[0],
+                                      (int)stat[1]};
+    r->picks[i] = tmx_sampler_sample_rest(r->samplers[i], &t, r->logits + i * V);
+}
+
+/* One sampled decode step of all b sequences: a top step and each sequence's draw from its
+ * candidates, the row read back for a draw that needs more (as tmx serve does), or where the
+ * model takes no top steps a plain step; the draws from whole rows run on the draw threads, as
+ * tmx serve's do. */
+static enum tmx_status sample_step(struct round *r, char **err) {
+    int n_drawn = 0;
+    enum tmx_status st;
+    double t0, read0 = r->read_s;
+    if (!tmx_model_can_top(r->m)) {
+        st = tmx_model_step(r->m, r->step_seq, r->toks, r->ns, r->b, r->logits, err);
+        t0 = now();
+        for (int i = 0; i < r->b; i++) r->drawn[n_drawn++] = i;
+    } else {
+        st = tmx_model_step_top(r->m, r->step_seq, r->toks, r->ns, r->b, r->n_vocab, r->temps,
+                                NULL, NULL, r->top_x, r->top_id, r->top_stat, err);
+        t0 = now();
+        for (int i = 0; st == TMX_OK && i < r->b; i++) {
+            const size_t at = (size_t)i * TMX_TOPK_MAX;
+            const double *stat = r->top_stat + 3 * (size_t)i;
+            const struct tmx_sampler_top t = {TMX_TOPK_MAX, r->top_x + at, r->top_id + at,
+                                              stat[0], (int)stat[1]};
+            r->picks[i] = tmx_sampler_sample_top(r->samplers[i], &t);
+            if (r->picks[i] >= 0) continue;
+            r->read_back++;
+            const double t1 = now();
+            const size_t V = (size_t)tmx_model_cfg(r->m)->vocab_size;
+            st = tmx_model_read_logits(r->m, i, r->logits + i * V, err);
+            r->read_s += now() - t1;
+            r->drawn[n_drawn++] = i;
+        }
     }
+    if (st == TMX_OK && n_drawn > 0) r->threads->run(r->threads->pool, n_drawn, draw_row, r);
     r->draw_s += now() - t0 - (r->read_s - read0);
     return st;
 }
@@ -181,10 +202,12 @@ static enum tmx_status decode(struct round *r, int n, char **err) {
 
 /* One batch size: an untimed round (the prompts, two steps), then the timed one. */
 static enum tmx_status run_size(struct tmx_engine *e, int b, int p, int n,
-                                const struct tmx_sampler_params *sp, struct result *out,
+                                const struct tmx_sampler_params *sp,
+                                const struct tmx_threads *threads, struct result *out,
                                 char **err) {
     struct round r = {.m = tmx_engine_model(e), .b = b, .n_vocab = tmx_engine_n_vocab(e),
-                      .n_batch = (int)tmx_config_int(tmx_engine_config(e), "batch")};
+                      .n_batch = (int)tmx_config_int(tmx_engine_config(e), "batch"),
+                      .threads = threads};
     r.seqs = calloc((size_t)b, sizeof *r.seqs);
     r.prompts = malloc((size_t)b * (size_t)p * sizeof *r.prompts);
     r.next = malloc((size_t)b * sizeof *r.next);
@@ -206,7 +229,9 @@ static enum tmx_status run_size(struct tmx_engine *e, int b, int p, int n,
         r.top_id = malloc((size_t)b * TMX_TOPK_MAX * sizeof *r.top_id);
         r.top_stat = malloc((size_t)b * 3 * sizeof *r.top_stat);
         r.logits = malloc((size_t)b * V * sizeof *r.logits);
-        if (!r.samplers || !r.temps || !r.top_x || !r.top_id || !r.top_stat || !r.logits)
+        r.drawn = malloc((size_t)b * sizeof *r.drawn);
+        if (!r.samplers || !r.temps || !r.top_x || !r.top_id || !r.top_stat || !r.logits ||
+            !r.drawn)
             st = tmx_err(err, TMX_ERR_NOMEM, "out of memory");
         for (int i = 0; st == TMX_OK && i < b; i++) {
             struct tmx_sampler_params one = *sp;
@@ -246,7 +271,7 @@ static enum tmx_status run_size(struct tmx_engine *e, int b, int p, int n,
     free(r.ns), free(r.step_seq);
     for (int i = 0; r.samplers && i < b; i++) tmx_sampler_free(r.samplers[i]);
     free(r.samplers), free(r.temps), free(r.top_x), free(r.top_id), free(r.top_stat);
-    free(r.logits);
+    free(r.logits), free(r.drawn);
     return st;
 }
 
@@ -364,9 +389,16 @@ int cmd_bench(int argc, char **argv) {
     struct result res[MAX_SIZES];
     char *err = NULL;
     int rc = 0, done = 0;
+    struct tmx_step_threads *draws = NULL;
+    if (tmx_step_threads_new(tmx_engine_model(e), (int)tmx_config_int(cfg, "threads"), &draws,
+                             &err) != TMX_OK) {
+        cli_fail("bench", err);
+        tmx_engine_free(e);
+        return 1;
+    }
     for (; done < n_sizes; done++) {
-        if (run_size(e, sizes[done], p, n, temperature > 0 ? &sp : NULL, &res[done], &err) !=
-            TMX_OK) {
+        if (run_size(e, sizes[done], p, n, temperature > 0 ? &sp : NULL,
+                     tmx_step_threads_get(draws), &res[done], &err) != TMX_OK) {
             fprintf(stderr, "tmx bench: batch %d: %s\n", sizes[done], err ? err : "out of memory");
             free(err);
             rc = 1;
@@ -383,6 +415,7 @@ int cmd_bench(int argc, char **argv) {
         write_json(json, tmx_engine_model_dir(e), kernels, tmx_engine_tp(e), p, n, temperature,
                    top_p, res, done))
         rc = 1;
+    tmx_step_threads_free(draws);
     tmx_engine_free(e);
     return rc;
 }

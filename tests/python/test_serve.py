@@ -186,7 +186,14 @@ def test_steps_that_sample_where_the_logits_are_draw_what_the_host_draws(tiny, l
             ids = [srv.submit(p, n, **r) for p, n, r in zip(prompts, lengths, reqs)]
             got[kernels] = [[e for e in srv.wait(r) if e["token"] >= 0] for r in ids]
             srv.close()
-    for kernels in ("cpu", "cpu24"):
+    # One request at a time: each step draws one row, on the scheduler's thread, where the
+    # batched steps above draw theirs on the kernel set's threads, side by side.
+    with Engine(tiny, sets["cpu22"] + ["max_running=1", "batch=16", "tp=2"]) as eng:
+        srv = Server(eng)
+        got["alone"] = [[e for e in srv.wait(srv.submit(p, n, **r)) if e["token"] >= 0]
+                        for p, n, r in zip(prompts, lengths, reqs)]
+        srv.close()
+    for kernels in ("cpu", "cpu24", "alone"):
         for a, b, r in zip(got[kernels], got["cpu22"], reqs):
             assert [e["token"] for e in a] == [e["token"] for e in b]
             if "top_logprobs" in r:

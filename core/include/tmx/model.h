@@ -193,6 +193,20 @@ int tmx_model_can_top(const struct tmx_model *m);
 /* Whether the kernel set's buffers are device memory (its plugin lacks TMX_CAP_HOST_MEMORY). */
 int tmx_model_on_device(const struct tmx_model *m);
 
+/* The CPU threads a host-memory kernel set lends (its host_threads op), for work the caller runs
+ * between steps; *out stays valid as long as the model. 0 when the set lends none. */
+int tmx_model_host_threads(const struct tmx_model *m, struct tmx_threads *out);
+
+/* Threads for the host's work between steps (tmx serve's and tmx bench's draws over rows of
+ * logits): those the kernel set lends (tmx_model_host_threads), else a pool of its own of n
+ * threads (n <= 0: one per online CPU) that gives its cores away when idle, as on a device's
+ * host. The caller's thread is thread 0. Free with tmx_step_threads_free, before the model. */
+struct tmx_step_threads;
+enum tmx_status tmx_step_threads_new(const struct tmx_model *m, int n,
+                                     struct tmx_step_threads **out, char **err);
+void tmx_step_threads_free(struct tmx_step_threads *t);
+const struct tmx_threads *tmx_step_threads_get(const struct tmx_step_threads *t);
+
 /* Whether top steps can carry logit edits here: tmx_model_can_top, and the kernel set has
  * logit_edit (ABI 2.5). */
 int tmx_model_can_edit(const struct tmx_model *m);
