@@ -128,8 +128,8 @@ static double log_sum_exp(const float *x, int n) {
  * (<= TMX_MAX_TOP_LOGPROBS), which goes by lp descending, the lower id first among equal ones. */
 static void top_add(struct row_pick *o, int want, int32_t id, float lp) {
     const int k = o->n_top;
-    if (want == 0 ||
-        (k == want && (lp < o->top_lp[k - 1] || (lp == o->top_lp[k - 1] && id > o->top_ids[k - 1]))))
+    if (want == 0 || (k == want && (lp < o->top_lp[k - 1] ||
+                                    (lp == o->top_lp[k - 1] && id > o->top_ids[k - 1]))))
         return;
     int j = k < want ? o->n_top++ : k - 1;
     for (; j > 0 && (o->top_lp[j - 1] < lp || (o->top_lp[j - 1] == lp && o->top_ids[j - 1] > id));
@@ -211,7 +211,8 @@ static void pick(const struct tmx_serve *s, struct request *r, const float *logi
     const float *x = logits;
     if (!edited && n_edits > 0) {
         memcpy(work, logits, (size_t)n * sizeof *work);
-        for (int i = 0; i < n_edits; i++) work[e[i].id] = tmx_logit_edit_apply(&e[i], work[e[i].id]);
+        for (int i = 0; i < n_edits; i++)
+            work[e[i].id] = tmx_logit_edit_apply(&e[i], work[e[i].id]);
         x = work;
     }
     o->tok = top ? tmx_sampler_sample_rest(r->sampler, top, x) : tmx_sampler_sample(r->sampler, x);
@@ -263,8 +264,8 @@ static void pick_top(const struct tmx_serve *s, struct request *r, const struct 
     const double *st = s->top_stat + 3 * (size_t)j;
     const int want = r->p.top_logprobs, known = t->n < TMX_TOPK_MAX ? t->n : TMX_TOPK_MAX;
     o->n_top = 0;
-    o->tok = want > known ? -1 : tmx_sampler_sample_top(r->sampler, t); /* pick() lists ids of
-                                                                          -inf too */
+    /* want > known: pick() lists ids of -inf too */
+    o->tok = want > known ? -1 : tmx_sampler_sample_top(r->sampler, t);
     if (o->tok < 0 || want < 0) return;
     const double lse = x[0] + log(st[2]);
     for (int i = 0; i < known; i++) {
