@@ -82,6 +82,7 @@ struct round {
     float *logits;                 /* [b][vocab_size] rows read back */
     int *drawn;                    /* [b] a step's rows drawn from whole */
     const struct tmx_threads *threads; /* the draws', as tmx serve's */
+    int top;                       /* the step was a top step (tmx_model_can_top) */
     int64_t read_back;
     double draw_s, read_s;         /* time drawing (reads not in it) and reading rows back */
 };
@@ -132,7 +133,7 @@ static void draw_row(void *arg, int64_t item, int thread) {
     (void)thread;
     const int i = r->drawn[item];
     const size_t V = (size_t)tmx_model_cfg(r->m)->vocab_size;
-    if (!tmx_model_can_top(r->m)) {
+    if (!r->top) {
         r->picks[i] = tmx_sampler_sample(r->samplers[i], r->logits + i * V);
         return;
     }
@@ -151,7 +152,8 @@ static enum tmx_status sample_step(struct round *r, char **err) {
     int n_drawn = 0;
     enum tmx_status st;
     double t0, read0 = r->read_s;
-    if (!tmx_model_can_top(r->m)) {
+    r->top = tmx_model_can_top(r->m);
+    if (!r->top) {
         st = tmx_model_step(r->m, r->step_seq, r->toks, r->ns, r->b, r->logits, err);
         t0 = now();
         for (int i = 0; i < r->b; i++) r->drawn[n_drawn++] = i;

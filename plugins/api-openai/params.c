@@ -27,10 +27,10 @@ enum tmx_status api_failf(struct api_fail *f, int status, const char *param, con
     return status == 429 ? TMX_ERR_BUSY : status >= 500 ? TMX_ERR_NOMEM : TMX_ERR_INVALID;
 }
 
-/* The key whose value ends at body[end], for a number out of range: the number, then
- * back over `"key" :`. Empty when the number is not an object member's value. */
 static int one_of(char c, const char *set) { return c && strchr(set, c); }
 
+/* The key whose value ends at body[end], for a number out of range: the number, then
+ * back over `"key" :`. Empty when the number is not an object member's value. */
 static void key_before(const char *body, size_t end, char *key, size_t size) {
     key[0] = 0;
     size_t i = end;
