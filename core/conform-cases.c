@@ -58,6 +58,9 @@ const struct spec tmx_conform_specs[] = {
     {"matmul/mxfp8/n1-m2048-k4096", OP_MATMUL, MX, 0, .n = 1, .m = 2048, .d = 4096},
     /* a large weight at 4-8 tokens: the CUDA set's split GEMMs, past option gemv_max */
     {"matmul/bf16/n6-m4096-k2048", OP_MATMUL, BF16, 0, .n = 6, .m = 4096, .d = 2048},
+    /* a prompt's width well past a power of two: cuBLASLt's algorithm for 256 tokens (option
+     * lt_buckets of the CUDA set) */
+    {"matmul/bf16/n131-m96-k1100", OP_MATMUL, BF16, 0, .n = 131, .m = 96, .d = 1100},
 
     {"rope/n1-h4-hd64", OP_ROPE, F32, 0, .n = 1, .heads = 4, .hd = 64},
     {"rope/n5-h3-hd32", OP_ROPE, F32, 0, .n = 5, .heads = 3, .hd = 32},

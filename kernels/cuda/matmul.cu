@@ -475,36 +475,64 @@ void cu_lt_plans_free(struct cu_ctx *c) {
     c->n_lt_plans = 0;
 }
 
+/* Asks cuBLASLt for its best algorithm for op . la . (k x n of type ab) into m x n F32 within
+ * the workspace. Returns 1 and sets *algo when it has one. */
+static int lt_heuristic(struct cu_ctx *c, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                        cudaDataType_t ab, int n, int m, int k, cublasLtMatmulAlgo_t *algo) {
+    cublasLtMatrixLayout_t lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    if (cublasLtMatrixLayoutCreate(&lb, ab, k, n, k) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, m) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &c->lt_ws_size, sizeof c->lt_ws_size) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &res, &found) !=
+            CUBLAS_STATUS_SUCCESS)
+        found = 0;
+    if (found > 0) *algo = res.algo;
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    return found > 0;
+}
+
+/* The smallest power of two at least n (n at most 2^30). */
+static int pow2_at_least(int n) {
+    int b = 1;
+    while (b < n && b < 1 << 30) b <<= 1;
+    return b;
+}
+
 /* Makes p's descriptors for Y = X . W^T of shape (ab, n, m, k) in cuBLASLt's column-major
  * terms: C[m][n] = op(A)[m][k] . B[k][n] with A the row-major W seen as k x m (transposed), B
- * the row-major X seen as k x n, C = Y^T (m x n); then asks for an algorithm. */
+ * the row-major X seen as k x n, C = Y^T (m x n); then picks an algorithm. With lt_buckets it
+ * is the one cuBLASLt picks for n rounded up to a power of two, kept where it runs at n: a
+ * server's prompts come in every width, and a width whose algorithm no earlier call used
+ * pays milliseconds on its first call (docs/perf/h200.md, "cuBLASLt by buckets"). */
 static cublasStatus_t lt_plan_make(struct cu_ctx *c, struct cu_lt_plan *p, cudaDataType_t ab,
                                    int n, int m, int k) {
     memset(p, 0, sizeof *p);
     p->ab = ab, p->n = n, p->m = m, p->k = k;
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t res;
     cublasStatus_t st;
     if ((st = cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) ||
         (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
         (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) ||
         (st = cublasLtMatrixLayoutCreate(&p->la, ab, k, m, k)) ||
         (st = cublasLtMatrixLayoutCreate(&p->lb, ab, k, n, k)) ||
-        (st = cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, m, n, m)) ||
-        (st = cublasLtMatmulPreferenceCreate(&pref)) ||
-        (st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                   &c->lt_ws_size, sizeof c->lt_ws_size))) {
-        if (pref) cublasLtMatmulPreferenceDestroy(pref);
+        (st = cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, m, n, m)))
         return st;
+    const int nb = c->lt_buckets ? pow2_at_least(n) : n;
+    if (nb != n && lt_heuristic(c, p->op, p->la, ab, nb, m, k, &p->algo)) {
+        cublasLtMatmulHeuristicResult_t check;
+        p->found = cublasLtMatmulAlgoCheck(c->lt, p->op, p->la, p->lb, p->lc, p->lc, &p->algo,
+                                           &check) == CUBLAS_STATUS_SUCCESS &&
+                   check.workspaceSize <= c->lt_ws_size;
     }
-    int found = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res,
-                                       &found) == CUBLAS_STATUS_SUCCESS && found > 0) {
-        p->found = 1;
-        p->algo = res.algo;
-    }
-    cublasLtMatmulPreferenceDestroy(pref);
+    if (!p->found) p->found = lt_heuristic(c, p->op, p->la, ab, n, m, k, &p->algo);
     return CUBLAS_STATUS_SUCCESS;
 }
 
