@@ -712,6 +712,92 @@ bf16_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
     }
 }
 
+/* --- BF16 weights at 2 to 8 tokens: the GEMV on the tensor cores ------------------------- */
+
+/* The CUDA-core GEMV spends an FMA a weight a token, so its time grows with the tokens where
+ * the bytes it reads do not (q_proj of the 816B model on the H200: 36 us at one token, 92 at
+ * eight: docs/perf/h200.md). Here the tensor cores multiply: a block's 8 warps take 16 rows,
+ * each warp every 8th chunk of 32 columns, so the block reads 512 contiguous bytes of a row a
+ * round; lane (g, t) holds 8 contiguous weights of rows g and g + 8 (bf16_mma_kernel's
+ * fragment order) and token g's 8 activations at the same columns, split into hi + lo as
+ * there, and each chunk is four m16n8k16 MMAs. MV_AHEAD chunks of a lane are loaded before
+ * the first is used. The warps' sums meet in shared memory in a fixed order. */
+#define MV_WARPS 8 /* warps of a block, all along k */
+#define MV_AHEAD 4 /* chunks a lane loads before it multiplies */
+
+/* y[n][m] = x[n][k] . w[m][k]^T for BF16 w, 1 <= n <= 8, k a multiple of 8, x and w 16-byte
+ * aligned. */
+__global__ void __launch_bounds__(MV_WARPS * 32, 2)
+bf16_mv_kernel(float *__restrict__ y, const float *__restrict__ x,
+               const uint16_t *__restrict__ w, int n, int m, int k) {
+    tmx_pdl_enter();
+    __shared__ float4 red[MV_WARPS - 1][32]; /* [warp - 1][lane]: the sums of warps 1.. */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int r0 = blockIdx.x * 16;
+    /* rows past m read the last one again, never stored; tokens past n multiply zeros */
+    const uint16_t *wa = w + (int64_t)min(r0 + g, m - 1) * k + 8 * t;
+    const uint16_t *wb = w + (int64_t)min(r0 + g + 8, m - 1) * k + 8 * t;
+    const float *xg = x + (int64_t)min(g, n - 1) * k + 8 * t;
+    const bool tok = g < n;
+    const int stride = 32 * MV_WARPS;
+    float acc[4] = {};
+    for (int kb = 32 * warp; kb < k; kb += MV_AHEAD * stride) {
+        uint4 za[MV_AHEAD], zb[MV_AHEAD];
+        float4 x0[MV_AHEAD], x1[MV_AHEAD];
+#pragma unroll
+        for (int u = 0; u < MV_AHEAD; u++) {
+            const int c = kb + u * stride; /* the chunk's first column */
+            const bool in = c + 8 * t < k;
+            za[u] = in ? __ldg((const uint4 *)(wa + c)) : make_uint4(0, 0, 0, 0);
+            zb[u] = in ? __ldg((const uint4 *)(wb + c)) : make_uint4(0, 0, 0, 0);
+            x0[u] = in && tok ? *(const float4 *)(xg + c) : make_float4(0, 0, 0, 0);
+            x1[u] = in && tok ? *(const float4 *)(xg + c + 4) : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < MV_AHEAD; u++) {
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                const float4 v = s ? x1[u] : x0[u];
+                uint32_t h01, h23, l01, l23;
+                split_pair(v.x, v.y, &h01, &l01);
+                split_pair(v.z, v.w, &h23, &l23);
+                const uint32_t a[4] = {s ? za[u].z : za[u].x, s ? zb[u].z : zb[u].x,
+                                       s ? za[u].w : za[u].y, s ? zb[u].w : zb[u].y};
+                mma_bf16(acc, a, h01, h23);
+                mma_bf16(acc, a, l01, l23);
+            }
+        }
+    }
+    if (warp > 0) red[warp - 1][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __syncthreads();
+    if (warp > 0) return;
+    for (int q = 0; q < MV_WARPS - 1; q++) {
+        const float4 o = red[q][lane];
+        acc[0] += o.x, acc[1] += o.y, acc[2] += o.z, acc[3] += o.w;
+    }
+    /* c0, c1: row g, tokens 2t and 2t + 1; c2, c3: row g + 8 */
+    for (int h = 0; h < 2; h++) {
+        const int row = r0 + g + 8 * h;
+        if (row >= m) continue;
+        if (2 * t < n) y[(int64_t)(2 * t) * m + row] = acc[2 * h];
+        if (2 * t + 1 < n) y[(int64_t)(2 * t + 1) * m + row] = acc[2 * h + 1];
+    }
+}
+
+/* Whether bf16_mv_kernel takes this BF16 matmul (option bf16_mv): 2 to 8 tokens of a weight of
+ * at least 4,096 rows and 2,048 columns, those that leave the CUDA-core GEMV past gemv_max. */
+static bool bf16_mv_fits(const struct cu_ctx *c, const float *x, const void *w, int n, int m,
+                         int k) {
+    return c->bf16_mv && n >= 2 && n <= 8 && m >= 4096 && k >= 2048 && k % 8 == 0 &&
+           aligned16(x, &w, 1);
+}
+
+static void bf16_mv(struct cu_ctx *c, float *y, const float *x, const void *w, int n, int m,
+                    int k) {
+    cu_launch(c, bf16_mv_kernel, dim3((unsigned)((m + 15) / 16)), MV_WARPS * 32, 0, y, x,
+              (const uint16_t *)w, n, m, k);
+}
+
 /* Whether bf16_mma_kernel takes this BF16 matmul (option bf16_mma, on). */
 static bool bf16_mma_fits(const struct cu_ctx *c, const float *x, const void *w, int n, int k) {
     return c->bf16_mma && n > 8 && n <= MMA_MAX_N && k <= MMA_MAX_K && k % 8 == 0 &&
@@ -794,6 +880,11 @@ extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_
         cu_check_launch(c, "matmul");
         return;
     }
+    if (w->dtype == TMX_DTYPE_BF16 && bf16_mv_fits(c, x, wd, n, m, k)) {
+        bf16_mv(c, y, x, wd, n, m, k);
+        cu_check_launch(c, "matmul");
+        return;
+    }
     if ((n > 8 || bf16_gemv_leaves(c, n, m, k)) && w->dtype == TMX_DTYPE_BF16) {
         char *s = (char *)cu_scratch(c, split, "matmul");
         if (!s || lt_matmul_bf16(c, s, y, x, wd, n, m, k)) return;
@@ -826,7 +917,8 @@ extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
         w[i] = ws[i]->data;
         one &= ws[i]->dtype == ws[0]->dtype &&
                !(ws[i]->dtype == TMX_DTYPE_BF16 &&
-                 bf16_gemv_leaves(c, n, m[i], (int)ws[i]->shape[1]));
+                 (bf16_gemv_leaves(c, n, m[i], (int)ws[i]->shape[1]) ||
+                  bf16_mv_fits(c, x, w[i], n, m[i], (int)ws[i]->shape[1])));
     }
     if (!one || n == 0) {
         for (int i = 0; i < count; i++) cu_matmul(ctx, ys[i], x, ws[i], n);
