@@ -2,10 +2,11 @@
  *
  * Decode (n <= 8) is bound by reading the weight once: GEMV kernels that keep up to 8 token
  * rows' sums in registers and read F32/BF16/F16 weights directly, one warp a weight row for one
- * token over many rows, else two rows a block whose warps split k.
+ * token over many rows, else two rows a block whose warps split k. BF16 weights of 4,096 rows
+ * by 2,048 columns and more take the tensor cores from 2 tokens on (bf16_mv_kernel, option
+ * bf16_mv; with it off, cuBLASLt past option gemv_max tokens).
  *
- * Prefill (n > 8) goes to cuBLASLt, and so do BF16 weights of 4,096 rows by 2,048 columns
- * and more past option gemv_max (3) tokens. F32 weights: an F32 GEMM (CUBLAS_COMPUTE_32F, no
+ * Prefill (n > 8) goes to cuBLASLt. F32 weights: an F32 GEMM (CUBLAS_COMPUTE_32F, no
  * TF32).
  * BF16 weights: the activations cannot simply be rounded to BF16, which costs ~2^-9 relative
  * error per element and fails the conformance tolerance (1e-5 normalized). Each activation is
@@ -726,7 +727,9 @@ bf16_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
 #define MV_AHEAD 4 /* chunks a lane loads before it multiplies */
 
 /* y[n][m] = x[n][k] . w[m][k]^T for BF16 w, 1 <= n <= 8, k a multiple of 8, x and w 16-byte
- * aligned. */
+ * aligned. Its forms measured on an H100 (docs/perf/h200.md, "The GEMV on the tensor cores"):
+ * 8 chunks ahead and one block an SM, 2 ahead and four blocks, 4 ahead and three blocks were
+ * each slower on some of the 816B model's weights by 3-20%. */
 __global__ void __launch_bounds__(MV_WARPS * 32, 2)
 bf16_mv_kernel(float *__restrict__ y, const float *__restrict__ x,
                const uint16_t *__restrict__ w, int n, int m, int k) {
@@ -784,8 +787,11 @@ bf16_mv_kernel(float *__restrict__ y, const float *__restrict__ x,
     }
 }
 
-/* Whether bf16_mv_kernel takes this BF16 matmul (option bf16_mv): 2 to 8 tokens of a weight of
- * at least 4,096 rows and 2,048 columns, those that leave the CUDA-core GEMV past gemv_max. */
+/* Whether bf16_mv_kernel takes this BF16 matmul (option bf16_mv, on): 2 to 8 tokens of a weight
+ * of at least 4,096 rows and 2,048 columns (on an H100 1.25-1.9x faster than the GEMV or the
+ * split GEMMs for the 816B model's q_proj, o_proj and lm_head, whole and per TP-4 rank; weights
+ * of fewer rows leave SMs idle in its 16-row blocks). One token stays on the GEMV, which reads
+ * these weights at 3.3-4.5 TB/s on the H200. */
 static bool bf16_mv_fits(const struct cu_ctx *c, const float *x, const void *w, int n, int m,
                          int k) {
     return c->bf16_mv && n >= 2 && n <= 8 && m >= 4096 && k >= 2048 && k % 8 == 0 &&

@@ -162,7 +162,7 @@ static enum tmx_status cu_init(const struct tmx_host *host, const struct tmx_opt
     c->pdl = prop.major >= 9 && (!host->opt_bool || host->opt_bool(opts, "pdl"));
     c->bf16_mma = !host->opt_bool || host->opt_bool(opts, "bf16_mma");
     c->gemv_max = (int)gemv_max;
-    c->bf16_mv = host->opt_bool && host->opt_bool(opts, "bf16_mv");
+    c->bf16_mv = !host->opt_bool || host->opt_bool(opts, "bf16_mv");
     c->lt_buckets = !host->opt_bool || host->opt_bool(opts, "lt_buckets");
     if (host->log && prop.major)
         host->log(TMX_LOG_INFO, "kernels.cuda: device %d: %s (sm_%d%d, %d SMs)%s", c->device,
@@ -396,10 +396,10 @@ static const struct tmx_option cu_options[] = {
     {"bf16_mma", TMX_OPT_BOOL, "true", "BF16 matmuls of 9 to 64 tokens with weights of at most "
      "1,024 columns in one tensor-core kernel of the set's own instead of cuBLASLt's two split "
      "GEMMs"},
-    {"gemv_max", TMX_OPT_INT, "3", "BF16 matmuls of weights of at least 4,096 rows and 2,048 "
-     "columns take the GEMV kernels up to this many tokens (1 to 8) and cuBLASLt's split GEMMs "
-     "beyond; other weights take the GEMV up to 8 tokens"},
-    {"bf16_mv", TMX_OPT_BOOL, "false", "BF16 matmuls of 2 to 8 tokens with weights of at least "
+    {"gemv_max", TMX_OPT_INT, "3", "with bf16_mv off, BF16 matmuls of weights of at least 4,096 "
+     "rows and 2,048 columns take the GEMV kernels up to this many tokens (1 to 8) and "
+     "cuBLASLt's split GEMMs beyond; other weights take the GEMV up to 8 tokens"},
+    {"bf16_mv", TMX_OPT_BOOL, "true", "BF16 matmuls of 2 to 8 tokens with weights of at least "
      "4,096 rows and 2,048 columns on the tensor cores (bf16_mv_kernel) instead of the GEMV or "
      "cuBLASLt's split GEMMs"},
     {"lt_buckets", TMX_OPT_BOOL, "true", "cuBLASLt matmuls take the algorithm chosen for their "
