@@ -727,9 +727,10 @@ bf16_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
 #define MV_AHEAD 4 /* chunks a lane loads before it multiplies */
 
 /* y[n][m] = x[n][k] . w[m][k]^T for BF16 w, 1 <= n <= 8, k a multiple of 8, x and w 16-byte
- * aligned. Its forms measured on an H100 (docs/perf/h200.md, "The GEMV on the tensor cores"):
- * 8 chunks ahead and one block an SM, 2 ahead and four blocks, 4 ahead and three blocks were
- * each slower on some of the 816B model's weights by 3-20%. */
+ * aligned. Its other forms measured on an H100 (docs/perf/h200.md, "The GEMV on the tensor
+ * cores") were each slower on some of the 816B model's weights by 2-50%: 8 chunks ahead and
+ * one block an SM, 2 ahead and four blocks, 4 ahead and three blocks, and the next chunks
+ * loaded before this batch's MMAs (4 + 4, 2 + 2, 8 + 8). */
 __global__ void __launch_bounds__(MV_WARPS * 32, 2)
 bf16_mv_kernel(float *__restrict__ y, const float *__restrict__ x,
                const uint16_t *__restrict__ w, int n, int m, int k) {
