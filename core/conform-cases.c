@@ -58,10 +58,12 @@ const struct spec tmx_conform_specs[] = {
     {"matmul/mxfp8/n1-m2048-k4096", OP_MATMUL, MX, 0, .n = 1, .m = 2048, .d = 4096},
     /* a large weight at 4-8 tokens: the CUDA set's split GEMMs, past option gemv_max */
     {"matmul/bf16/n6-m4096-k2048", OP_MATMUL, BF16, 0, .n = 6, .m = 4096, .d = 2048},
-    /* the same on the tensor cores (option bf16_mv of the CUDA set): rows past a block of 16,
-     * columns past a chunk of 32 */
+    /* the same on the tensor cores (options bf16_mv and mx_mv of the CUDA set): rows past a
+     * block of 16, columns past a round of 256 */
     {"matmul/bf16/n2-m4100-k2056", OP_MATMUL, BF16, 0, .n = 2, .m = 4100, .d = 2056},
     {"matmul/bf16/n8-m4096-k2088", OP_MATMUL, BF16, 0, .n = 8, .m = 4096, .d = 2088},
+    {"matmul/mxfp8/n2-m4100-k2080", OP_MATMUL, MX, 0, .n = 2, .m = 4100, .d = 2080},
+    {"matmul/mxfp8/n8-m4096-k2112", OP_MATMUL, MX, 0, .n = 8, .m = 4096, .d = 2112},
     /* a prompt's width well past a power of two: cuBLASLt's algorithm for 256 tokens (option
      * lt_buckets of the CUDA set) */
     {"matmul/bf16/n131-m96-k1100", OP_MATMUL, BF16, 0, .n = 131, .m = 96, .d = 1100},

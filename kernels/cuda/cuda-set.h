@@ -76,8 +76,9 @@ struct cu_ctx {
     int bf16_mma;              /* 9-64 token BF16 matmuls in bf16_mma_kernel (option bf16_mma) */
     int gemv_max;              /* large BF16 weights past this many tokens go to cuBLASLt (1-8;
                                   option gemv_max) */
-    int bf16_mv;               /* 2-8 token BF16 matmuls of large weights in bf16_mv_kernel
+    int bf16_mv;               /* 2-8 token BF16 matmuls of large weights in mv_kernel
                                   (option bf16_mv) */
+    int mx_mv;                 /* the same for MXFP8 weights (option mx_mv) */
     int lt_buckets;            /* cuBLASLt algorithms chosen at widths rounded up to powers
                                   of two (option lt_buckets) */
 };

@@ -3,8 +3,8 @@
  * Decode (n <= 8) is bound by reading the weight once: GEMV kernels that keep up to 8 token
  * rows' sums in registers and read F32/BF16/F16 weights directly, one warp a weight row for one
  * token over many rows, else two rows a block whose warps split k. BF16 weights of 4,096 rows
- * by 2,048 columns and more take the tensor cores from 2 tokens on (bf16_mv_kernel, option
- * bf16_mv; with it off, cuBLASLt past option gemv_max tokens).
+ * by 2,048 columns and more take the tensor cores from 2 tokens on (mv_kernel, option bf16_mv;
+ * with it off, cuBLASLt past option gemv_max tokens), and so can MXFP8 ones (option mx_mv).
  *
  * Prefill (n > 8) goes to cuBLASLt. F32 weights: an F32 GEMM (CUBLAS_COMPUTE_32F, no
  * TF32).
@@ -713,60 +713,114 @@ bf16_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
     }
 }
 
-/* --- BF16 weights at 2 to 8 tokens: the GEMV on the tensor cores ------------------------- */
+/* --- BF16 and MXFP8 weights at 2 to 8 tokens: the GEMV on the tensor cores -------------- */
 
-/* The CUDA-core GEMV spends an FMA a weight a token, so its time grows with the tokens where
- * the bytes it reads do not (q_proj of the 816B model on the H200: 36 us at one token, 92 at
+/* The CUDA-core GEMVs spend an FMA a weight a token, so their time grows with the tokens where
+ * the bytes they read do not (q_proj of the 816B model on the H200: 36 us at one token, 92 at
  * eight: docs/perf/h200.md). Here the tensor cores multiply: a block's 8 warps take 16 rows,
- * each warp every 8th chunk of 32 columns, so the block reads 512 contiguous bytes of a row a
- * round; lane (g, t) holds 8 contiguous weights of rows g and g + 8 (bf16_mma_kernel's
+ * each warp every 8th chunk of 32 columns, so the block reads 256 contiguous weights of a row
+ * a round; lane (g, t) holds 8 contiguous weights of rows g and g + 8 (bf16_mma_kernel's
  * fragment order) and token g's 8 activations at the same columns, split into hi + lo as
- * there, and each chunk is four m16n8k16 MMAs. MV_AHEAD chunks of a lane are loaded before
- * the first is used. The warps' sums meet in shared memory in a fixed order. */
+ * there, and each chunk is four m16n8k16 MMAs. MXFP8 codes become their BF16 values times
+ * their block's scale (a chunk is one block), which are exact as in mxfp8_to_bf16_kernel.
+ * MV_AHEAD chunks of a lane are loaded before the first is used. The warps' sums meet in
+ * shared memory in a fixed order. */
 #define MV_WARPS 8 /* warps of a block, all along k */
 #define MV_AHEAD 4 /* chunks a lane loads before it multiplies */
 
-/* y[n][m] = x[n][k] . w[m][k]^T for BF16 w, 1 <= n <= 8, k a multiple of 8, x and w 16-byte
- * aligned. Its other forms measured on an H100 (docs/perf/h200.md, "The GEMV on the tensor
+/* A lane's weights of one chunk, rows g (a) and g + 8 (b): BF16 as loaded, or MXFP8 codes
+ * and the rows' block scales. */
+template <bool MX> struct mv_w {
+    uint4 a, b;
+};
+template <> struct mv_w<true> {
+    uint2 a, b;
+    uint32_t sa, sb;
+};
+
+/* The chunk at column c of the lane's rows: BF16 [m][k] from row pointers at the lane's
+ * column, or MXFP8 codes likewise and scales [m][k / 32] from the rows' first. */
+__device__ __forceinline__ void mv_w_load(mv_w<false> &q, const void *wa, const void *wb,
+                                          const uint8_t *, const uint8_t *, int c) {
+    q.a = __ldg((const uint4 *)((const uint16_t *)wa + c));
+    q.b = __ldg((const uint4 *)((const uint16_t *)wb + c));
+}
+__device__ __forceinline__ void mv_w_load(mv_w<true> &q, const void *wa, const void *wb,
+                                          const uint8_t *sa, const uint8_t *sb, int c) {
+    q.a = __ldg((const uint2 *)((const uint8_t *)wa + c));
+    q.b = __ldg((const uint2 *)((const uint8_t *)wb + c));
+    q.sa = __ldg(sa + c / 32), q.sb = __ldg(sb + c / 32);
+}
+
+/* The chunk as BF16 pairs, rows g then g + 8, each pair's first weight in the low half. */
+__device__ __forceinline__ void mv_w_bf16(const mv_w<false> &q, uint32_t (&a)[4],
+                                          uint32_t (&b)[4]) {
+    a[0] = q.a.x, a[1] = q.a.y, a[2] = q.a.z, a[3] = q.a.w;
+    b[0] = q.b.x, b[1] = q.b.y, b[2] = q.b.z, b[3] = q.b.w;
+}
+__device__ __forceinline__ void mv_w_bf16(const mv_w<true> &q, uint32_t (&a)[4],
+                                          uint32_t (&b)[4]) {
+    const uint32_t codes[4] = {q.a.x, q.a.y, q.b.x, q.b.y};
+    float v[16];
+    e4m3_to_f32x(codes, v);
+    const float fa = ue8m0(q.sa), fb = ue8m0(q.sb);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        a[j] = f32_to_bf16_bits(v[2 * j] * fa) |
+               (uint32_t)f32_to_bf16_bits(v[2 * j + 1] * fa) << 16;
+        b[j] = f32_to_bf16_bits(v[8 + 2 * j] * fb) |
+               (uint32_t)f32_to_bf16_bits(v[8 + 2 * j + 1] * fb) << 16;
+    }
+}
+
+/* y[n][m] = x[n][k] . w[m][k]^T for 1 <= n <= 8 and BF16 w, k a multiple of 8, or MXFP8 w
+ * (codes, then scales: tmx/tensor.h), k a multiple of 32; x and w 16-byte aligned. Its other
+ * forms measured on an H100 with BF16 weights (docs/perf/h200.md, "The GEMV on the tensor
  * cores") were each slower on some of the 816B model's weights by 2-50%: 8 chunks ahead and
  * one block an SM, 2 ahead and four blocks, 4 ahead and three blocks, and the next chunks
  * loaded before this batch's MMAs (4 + 4, 2 + 2, 8 + 8). */
+template <bool MX>
 __global__ void __launch_bounds__(MV_WARPS * 32, 2)
-bf16_mv_kernel(float *__restrict__ y, const float *__restrict__ x,
-               const uint16_t *__restrict__ w, int n, int m, int k) {
+mv_kernel(float *__restrict__ y, const float *__restrict__ x, const void *__restrict__ w, int n,
+          int m, int k) {
     tmx_pdl_enter();
     __shared__ float4 red[MV_WARPS - 1][32]; /* [warp - 1][lane]: the sums of warps 1.. */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int r0 = blockIdx.x * 16;
     /* rows past m read the last one again, never stored; tokens past n multiply zeros */
-    const uint16_t *wa = w + (int64_t)min(r0 + g, m - 1) * k + 8 * t;
-    const uint16_t *wb = w + (int64_t)min(r0 + g + 8, m - 1) * k + 8 * t;
+    const int64_t ra = min(r0 + g, m - 1), rb = min(r0 + g + 8, m - 1);
+    const int size = MX ? 1 : 2; /* bytes a weight */
+    const uint8_t *wa = (const uint8_t *)w + (ra * k + 8 * t) * size;
+    const uint8_t *wb = (const uint8_t *)w + (rb * k + 8 * t) * size;
+    const uint8_t *sc = (const uint8_t *)w + (int64_t)m * k;
+    const uint8_t *sa = sc + ra * (k / 32), *sb = sc + rb * (k / 32);
     const float *xg = x + (int64_t)min(g, n - 1) * k + 8 * t;
     const bool tok = g < n;
     const int stride = 32 * MV_WARPS;
     float acc[4] = {};
     for (int kb = 32 * warp; kb < k; kb += MV_AHEAD * stride) {
-        uint4 za[MV_AHEAD], zb[MV_AHEAD];
+        mv_w<MX> q[MV_AHEAD];
         float4 x0[MV_AHEAD], x1[MV_AHEAD];
 #pragma unroll
         for (int u = 0; u < MV_AHEAD; u++) {
             const int c = kb + u * stride; /* the chunk's first column */
             const bool in = c + 8 * t < k;
-            za[u] = in ? __ldg((const uint4 *)(wa + c)) : make_uint4(0, 0, 0, 0);
-            zb[u] = in ? __ldg((const uint4 *)(wb + c)) : make_uint4(0, 0, 0, 0);
+            if (in) mv_w_load(q[u], wa, wb, sa, sb, c);
+            else q[u] = mv_w<MX>{};
             x0[u] = in && tok ? *(const float4 *)(xg + c) : make_float4(0, 0, 0, 0);
             x1[u] = in && tok ? *(const float4 *)(xg + c + 4) : make_float4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < MV_AHEAD; u++) {
+            uint32_t za[4], zb[4];
+            mv_w_bf16(q[u], za, zb);
 #pragma unroll
             for (int s = 0; s < 2; s++) {
                 const float4 v = s ? x1[u] : x0[u];
                 uint32_t h01, h23, l01, l23;
                 split_pair(v.x, v.y, &h01, &l01);
                 split_pair(v.z, v.w, &h23, &l23);
-                const uint32_t a[4] = {s ? za[u].z : za[u].x, s ? zb[u].z : zb[u].x,
-                                       s ? za[u].w : za[u].y, s ? zb[u].w : zb[u].y};
+                const uint32_t a[4] = {za[2 * s], zb[2 * s], za[2 * s + 1], zb[2 * s + 1]};
                 mma_bf16(acc, a, h01, h23);
                 mma_bf16(acc, a, l01, l23);
             }
@@ -788,21 +842,28 @@ bf16_mv_kernel(float *__restrict__ y, const float *__restrict__ x,
     }
 }
 
-/* Whether bf16_mv_kernel takes this BF16 matmul (option bf16_mv, on): 2 to 8 tokens of a weight
- * of at least 4,096 rows and 2,048 columns (on an H100 1.25-1.9x faster than the GEMV or the
- * split GEMMs for the 816B model's q_proj, o_proj and lm_head, whole and per TP-4 rank; weights
- * of fewer rows leave SMs idle in its 16-row blocks). One token stays on the GEMV, which reads
- * these weights at 3.3-4.5 TB/s on the H200. */
-static bool bf16_mv_fits(const struct cu_ctx *c, const float *x, const void *w, int n, int m,
-                         int k) {
-    return c->bf16_mv && n >= 2 && n <= 8 && m >= 4096 && k >= 2048 && k % 8 == 0 &&
-           aligned16(x, &w, 1);
+/* Whether mv_kernel takes this matmul: 2 to 8 tokens of a weight of at least 4,096 rows and
+ * 2,048 columns, BF16 with option bf16_mv (on: on an H100 1.25-1.9x faster than the GEMV or
+ * the split GEMMs for the 816B model's q_proj, o_proj and lm_head, whole and per TP-4 rank) or
+ * MXFP8 with option mx_mv (off until measured). Weights of fewer rows would leave SMs idle in
+ * its 16-row blocks. One token stays on the GEMVs, which read these weights at 3.3-4.5 TB/s on
+ * the H200. */
+static bool mv_fits(const struct cu_ctx *c, const float *x, const struct tmx_tensor *w, int n) {
+    const int m = (int)w->shape[0], k = (int)w->shape[1];
+    const bool on = w->dtype == TMX_DTYPE_BF16    ? c->bf16_mv && k % 8 == 0
+                    : w->dtype == TMX_DTYPE_MXFP8 ? c->mx_mv
+                                                  : false;
+    const void *wd = w->data;
+    return on && n >= 2 && n <= 8 && m >= 4096 && k >= 2048 && aligned16(x, &wd, 1);
 }
 
-static void bf16_mv(struct cu_ctx *c, float *y, const float *x, const void *w, int n, int m,
-                    int k) {
-    cu_launch(c, bf16_mv_kernel, dim3((unsigned)((m + 15) / 16)), MV_WARPS * 32, 0, y, x,
-              (const uint16_t *)w, n, m, k);
+static void mv(struct cu_ctx *c, float *y, const float *x, const struct tmx_tensor *w, int n) {
+    const int m = (int)w->shape[0], k = (int)w->shape[1];
+    const dim3 grid((unsigned)((m + 15) / 16));
+    if (w->dtype == TMX_DTYPE_MXFP8)
+        cu_launch(c, mv_kernel<true>, grid, MV_WARPS * 32, 0, y, x, w->data, n, m, k);
+    else
+        cu_launch(c, mv_kernel<false>, grid, MV_WARPS * 32, 0, y, x, w->data, n, m, k);
 }
 
 /* Whether bf16_mma_kernel takes this BF16 matmul (option bf16_mma, on). */
@@ -858,6 +919,11 @@ extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_
     int m = (int)w->shape[0], k = (int)w->shape[1];
     const void *wd = w->data;
     const size_t split = 2 * align256((size_t)n * k * 2); /* the hi/lo split's scratch */
+    if (mv_fits(c, x, w, n)) {
+        mv(c, y, x, w, n);
+        cu_check_launch(c, "matmul");
+        return;
+    }
     if (w->dtype == TMX_DTYPE_MXFP8) {
         if (n <= 8) {
             mxfp8_gemv(c, &y, x, &wd, &m, 1, n, k);
@@ -884,11 +950,6 @@ extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_
         return;
     if (w->dtype == TMX_DTYPE_BF16 && bf16_mma_fits(c, x, wd, n, k)) {
         bf16_mma(c, y, x, wd, n, m, k);
-        cu_check_launch(c, "matmul");
-        return;
-    }
-    if (w->dtype == TMX_DTYPE_BF16 && bf16_mv_fits(c, x, wd, n, m, k)) {
-        bf16_mv(c, y, x, wd, n, m, k);
         cu_check_launch(c, "matmul");
         return;
     }
@@ -923,9 +984,9 @@ extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
         m[i] = (int)ws[i]->shape[0];
         w[i] = ws[i]->data;
         one &= ws[i]->dtype == ws[0]->dtype &&
+               !mv_fits(c, x, ws[i], n) &&
                !(ws[i]->dtype == TMX_DTYPE_BF16 &&
-                 (bf16_gemv_leaves(c, n, m[i], (int)ws[i]->shape[1]) ||
-                  bf16_mv_fits(c, x, w[i], n, m[i], (int)ws[i]->shape[1])));
+                 bf16_gemv_leaves(c, n, m[i], (int)ws[i]->shape[1]));
     }
     if (!one || n == 0) {
         for (int i = 0; i < count; i++) cu_matmul(ctx, ys[i], x, ws[i], n);
