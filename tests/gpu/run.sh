@@ -10,6 +10,7 @@
 #   1. nvidia-smi                                   gpu.txt
 #   2. tmx conform --kernels cuda (+ per-case time) conform.txt, conform.json
 #   3. tmx-graph-check cuda                         graph.txt
+#      tmx conform of matmul with option mx_mv on    conform-opt.txt
 #      tmx-bench-matmul cuda: BF16 against MXFP8 weights   bench-matmul.json
 #      tmx-bench-pick cuda: a step's argmax and topk against reading the logits  bench-pick.json
 #   4. muse-tiny BF16 and F32 (when carried), every KV cache dtype, and its K3 builds (e4m3,
@@ -54,6 +55,14 @@ echo "== graphs"
 "$bin/tmx-graph-check" cuda > "$OUT/graph.txt" 2>&1
 graph_rc=$?
 cat "$OUT/graph.txt"
+
+# The set's forms that are off until measured (option mx_mv: MXFP8 matmuls of 2-8 tokens on the
+# tensor cores), checked with them on, so that a run can turn them on.
+echo "== matmul conformance with mx_mv on"
+TMX_KERNELS_CUDA_MX_MV=true "$bin/tmx" conform --kernels cuda --filter matmul \
+    > "$OUT/logs/conform-opt.txt" 2>&1
+opt_rc=$?
+tail -1 "$OUT/logs/conform-opt.txt"
 
 echo "== matmul: BF16 against MXFP8 weights"
 "$bin/tmx-bench-matmul" cuda "$OUT/bench-matmul.json" > "$OUT/logs/bench-matmul.txt" 2>&1
@@ -151,10 +160,10 @@ if [ -x .gpu-codec/trellis-gpu-bench ]; then
 fi
 
 python3 - "$OUT" "$conform_rc" "$graph_rc" "$san" "$gpu" "$codec_rc" "$bench_rc" "$pick_rc" \
-    "${rows[@]}" <<'EOF'
+    "$opt_rc" "${rows[@]}" <<'EOF'
 import json, os, sys
-out, conform_rc, graph_rc, san, gpu, codec_rc, bench_rc, pick_rc = sys.argv[1:9]
-conform_rc, graph_rc, rows = int(conform_rc), int(graph_rc), sys.argv[9:]
+out, conform_rc, graph_rc, san, gpu, codec_rc, bench_rc, pick_rc, opt_rc = sys.argv[1:10]
+conform_rc, graph_rc, opt_rc, rows = int(conform_rc), int(graph_rc), int(opt_rc), sys.argv[10:]
 path = f"{out}/conform.json"
 doc = json.load(open(path)) if os.path.exists(path) else {"cases": []}
 fails = [c["name"] for c in doc["cases"] if not c["pass"]]
@@ -165,7 +174,8 @@ for c in doc["cases"]:
     o["pass"] += c["pass"]
     if c["tol"] and c["err"] is not None:
         o["worst_err_over_tol"] = max(o["worst_err_over_tol"], c["err"] / c["tol"])
-summary = {"gpu": gpu, "conform_rc": conform_rc, "graph_rc": graph_rc, "sanitizer": san,
+summary = {"gpu": gpu, "conform_rc": conform_rc, "conform_opt_rc": opt_rc, "graph_rc": graph_rc,
+           "sanitizer": san,
            "codec_rc": codec_rc, "bench_matmul_rc": bench_rc, "bench_pick_rc": pick_rc, "ops": ops, "failed": fails,
            "generate": rows}
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
@@ -175,6 +185,7 @@ for k, v in ops.items():
     print(f"{k:<14}{v['pass']:>5}/{v['cases']:<3}  {v['worst_err_over_tol']:.3f}")
 print(f"conformance: {len(doc['cases']) - len(fails)}/{len(doc['cases'])} pass (rc {conform_rc})"
       + (f"; FAIL: {', '.join(fails)}" if fails else ""))
+print(f"matmul with mx_mv on: {'PASS' if opt_rc == 0 else 'FAIL'}")
 print(f"graph check: {'PASS' if graph_rc == 0 else 'FAIL'}; sanitizer: {san}; codec bench rc: "
       f"{codec_rc}; matmul bench rc: {bench_rc}; pick bench rc: {pick_rc}")
 for r in rows:
