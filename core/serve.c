@@ -695,23 +695,25 @@ static enum tmx_status warm_prompt(struct tmx_serve *s, int n, int decode, int *
  * context less 3; its buffers' pages are touched the first time a step is that wide), then one
  * decode step of each kind the scheduler makes (on CUDA the first launches load the modules,
  * cuBLASLt makes its first calls and the decode graphs of one sequence are recorded). On a
- * device, prompts of half as many tokens, and half that, down to 16, too: cuBLASLt picks its
- * kernels by width and each is loaded when first used (H200, muse-mini: a first prompt of 115
- * tokens after one of 230 paid 8.5 ms more than a second one: docs/perf/h200.md). The
- * sequences are freed after; their prompts' blocks stay in the prefix cache as any request's
- * do. */
+ * device, prompts of every power of two below it down to 16 too: cuBLASLt's kernels are loaded
+ * when first used, and the CUDA set takes for a width the algorithm of the power of two at or
+ * above it (option lt_buckets; a first prompt of a width no earlier call had paid 8-25 ms:
+ * docs/perf/h200.md). The sequences are freed after; their prompts' blocks stay in the prefix
+ * cache as any request's do. */
 static enum tmx_status warm_up(struct tmx_serve *s, char **err) {
     const int n = s->n_batch < s->n_ctx - 3 ? s->n_batch : s->n_ctx - 3;
     if (n < 1) return TMX_OK; /* a context too short to bother */
     const double t0 = now();
-    const int halves = tmx_model_on_device(s->m) && n / 2 >= 16;
+    int below = 16; /* the largest power of two under n, where the device's prompts start */
+    while (below <= (n - 1) / 2) below *= 2;
+    const int powers = tmx_model_on_device(s->m) && below < n;
     int steps = 0;
     enum tmx_status st = warm_prompt(s, n, 1, &steps, err);
-    for (int w = n / 2; st == TMX_OK && halves && w >= 16; w /= 2)
+    for (int w = below; st == TMX_OK && powers && w >= 16; w /= 2)
         st = warm_prompt(s, w, 0, &steps, err);
     if (st == TMX_OK)
         tmx_log(TMX_LOG_INFO, "warm-up: a %d-token prompt%s and %d decode steps in %.1f ms", n,
-                halves ? " (and prompts of half as many tokens, down to 16)" : "", steps,
+                powers ? " (and prompts of every power of two below it, down to 16)" : "", steps,
                 1e3 * (now() - t0));
     return st;
 }
