@@ -500,7 +500,7 @@ static int lt_heuristic(struct cu_ctx *c, cublasLtMatmulDesc_t op, cublasLtMatri
     return found > 0;
 }
 
-/* The smallest power of two at least n (n at most 2^30). */
+/* The smallest power of two at least n, at most 2^30. */
 static int pow2_at_least(int n) {
     int b = 1;
     while (b < n && b < 1 << 30) b <<= 1;
@@ -722,7 +722,8 @@ bf16_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
  * a round; lane (g, t) holds 8 contiguous weights of rows g and g + 8 (bf16_mma_kernel's
  * fragment order) and token g's 8 activations at the same columns, split into hi + lo as
  * there, and each chunk is four m16n8k16 MMAs. MXFP8 codes become their BF16 values times
- * their block's scale (a chunk is one block), which are exact as in mxfp8_to_bf16_kernel.
+ * their block's scale (a chunk is one block), exact as in mxfp8_to_bf16_kernel wherever the
+ * product is a normal BF16 value (a scale of 2^-117 or more).
  * MV_AHEAD chunks of a lane are loaded before the first is used. The warps' sums meet in
  * shared memory in a fixed order. */
 #define MV_WARPS 8 /* warps of a block, all along k */
@@ -854,7 +855,8 @@ static bool mv_fits(const struct cu_ctx *c, const float *x, const struct tmx_ten
                     : w->dtype == TMX_DTYPE_MXFP8 ? c->mx_mv
                                                   : false;
     const void *wd = w->data;
-    return on && n >= 2 && n <= 8 && m >= 4096 && k >= 2048 && aligned16(x, &wd, 1);
+    return on && n >= 2 && n <= 8 && m >= 4096 && k >= 2048 && k <= INT32_MAX / 2 &&
+           aligned16(x, &wd, 1); /* its column indices, ints, run MV_AHEAD rounds past k */
 }
 
 static void mv(struct cu_ctx *c, float *y, const float *x, const struct tmx_tensor *w, int n) {
@@ -963,7 +965,7 @@ extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_
 
 /* Decode (n <= 8) of weights of one dtype: one GEMV launch for them all, which saves launches
  * and fills the GPU where each alone would not (a TP rank's k_proj and v_proj, 512 rows each).
- * Otherwise one matmul each. */
+ * Otherwise, and where one of them takes the tensor cores or cuBLASLt, one matmul each. */
 extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
                                 const struct tmx_tensor *const *ws, int count, int n) {
     struct cu_ctx *c = (struct cu_ctx *)ctx;

@@ -397,9 +397,10 @@ static const struct tmx_option cu_options[] = {
     {"bf16_mma", TMX_OPT_BOOL, "true", "BF16 matmuls of 9 to 64 tokens with weights of at most "
      "1,024 columns in one tensor-core kernel of the set's own instead of cuBLASLt's two split "
      "GEMMs"},
-    {"gemv_max", TMX_OPT_INT, "3", "with bf16_mv off, BF16 matmuls of weights of at least 4,096 "
-     "rows and 2,048 columns take the GEMV kernels up to this many tokens (1 to 8) and "
-     "cuBLASLt's split GEMMs beyond; other weights take the GEMV up to 8 tokens"},
+    {"gemv_max", TMX_OPT_INT, "3", "BF16 matmuls of weights of at least 4,096 rows and 2,048 "
+     "columns that bf16_mv does not take (it off, or its alignment unmet) take the GEMV kernels "
+     "up to this many tokens (1 to 8) and cuBLASLt's split GEMMs beyond; other weights take the "
+     "GEMV up to 8 tokens"},
     {"bf16_mv", TMX_OPT_BOOL, "true", "BF16 matmuls of 2 to 8 tokens with weights of at least "
      "4,096 rows and 2,048 columns on the tensor cores (mv_kernel) instead of the GEMV or "
      "cuBLASLt's split GEMMs"},
