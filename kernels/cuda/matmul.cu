@@ -476,28 +476,42 @@ void cu_lt_plans_free(struct cu_ctx *c) {
     c->n_lt_plans = 0;
 }
 
-/* Asks cuBLASLt for its best algorithm for op . la . (k x n of type ab) into m x n F32 within
- * the workspace. Returns 1 and sets *algo when it has one. */
+/* Asks cuBLASLt for its best algorithm for the layouts within the workspace. Returns 1 and
+ * sets *algo when it has one. */
 static int lt_heuristic(struct cu_ctx *c, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
-                        cudaDataType_t ab, int n, int m, int k, cublasLtMatmulAlgo_t *algo) {
-    cublasLtMatrixLayout_t lb = NULL, lc = NULL;
+                        cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc,
+                        cublasLtMatmulAlgo_t *algo) {
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    if (cublasLtMatrixLayoutCreate(&lb, ab, k, n, k) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, m) == CUBLAS_STATUS_SUCCESS &&
+    const int asked =
         cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                              &c->lt_ws_size, sizeof c->lt_ws_size) ==
             CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &res, &found) !=
-            CUBLAS_STATUS_SUCCESS)
-        found = 0;
-    if (found > 0) *algo = res.algo;
+        cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &res, &found) ==
+            CUBLAS_STATUS_SUCCESS;
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (!asked || found < 1) return 0;
+    *algo = res.algo;
+    return 1;
+}
+
+/* The algorithm cuBLASLt picks for p's shape at nb tokens in place of p->n, where it runs at
+ * p->n within the workspace. Returns 1 and sets p->algo when so. */
+static int lt_bucket_algo(struct cu_ctx *c, struct cu_lt_plan *p, int nb) {
+    cublasLtMatrixLayout_t lb = NULL, lc = NULL;
+    cublasLtMatmulHeuristicResult_t check;
+    const int ok =
+        cublasLtMatrixLayoutCreate(&lb, p->ab, p->k, nb, p->k) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, p->m, nb, p->m) == CUBLAS_STATUS_SUCCESS &&
+        lt_heuristic(c, p->op, p->la, lb, lc, &p->algo) &&
+        cublasLtMatmulAlgoCheck(c->lt, p->op, p->la, p->lb, p->lc, p->lc, &p->algo, &check) ==
+            CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= c->lt_ws_size;
     if (lc) cublasLtMatrixLayoutDestroy(lc);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
-    return found > 0;
+    return ok;
 }
 
 /* The smallest power of two at least n, at most 2^30. */
@@ -527,13 +541,8 @@ static cublasStatus_t lt_plan_make(struct cu_ctx *c, struct cu_lt_plan *p, cudaD
         (st = cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, m, n, m)))
         return st;
     const int nb = c->lt_buckets ? pow2_at_least(n) : n;
-    if (nb != n && lt_heuristic(c, p->op, p->la, ab, nb, m, k, &p->algo)) {
-        cublasLtMatmulHeuristicResult_t check;
-        p->found = cublasLtMatmulAlgoCheck(c->lt, p->op, p->la, p->lb, p->lc, p->lc, &p->algo,
-                                           &check) == CUBLAS_STATUS_SUCCESS &&
-                   check.workspaceSize <= c->lt_ws_size;
-    }
-    if (!p->found) p->found = lt_heuristic(c, p->op, p->la, ab, n, m, k, &p->algo);
+    p->found = (nb != n && lt_bucket_algo(c, p, nb)) ||
+               lt_heuristic(c, p->op, p->la, p->lb, p->lc, &p->algo);
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -843,19 +852,23 @@ mv_kernel(float *__restrict__ y, const float *__restrict__ x, const void *__rest
     }
 }
 
+/* A weight large enough to leave the GEMV at a few tokens: at least 4,096 rows (fewer leave
+ * SMs idle in the tensor-core GEMV's 16-row blocks and run slower on the split GEMMs) and 2,048
+ * columns. */
+static bool gemv_large(int m, int k) { return m >= 4096 && k >= 2048; }
+
 /* Whether mv_kernel takes this matmul: 2 to 8 tokens of a weight of at least 4,096 rows and
  * 2,048 columns, BF16 with option bf16_mv (on: on an H100 1.25-1.9x faster than the GEMV or
  * the split GEMMs for the 816B model's q_proj, o_proj and lm_head, whole and per TP-4 rank) or
- * MXFP8 with option mx_mv (off until measured). Weights of fewer rows would leave SMs idle in
- * its 16-row blocks. One token stays on the GEMVs, which read these weights at 3.3-4.5 TB/s on
- * the H200. */
+ * MXFP8 with option mx_mv (off until measured). One token stays on the GEMVs, which read
+ * these weights at 3.3-4.5 TB/s on the H200. */
 static bool mv_fits(const struct cu_ctx *c, const float *x, const struct tmx_tensor *w, int n) {
     const int m = (int)w->shape[0], k = (int)w->shape[1];
     const bool on = w->dtype == TMX_DTYPE_BF16    ? c->bf16_mv && k % 8 == 0
                     : w->dtype == TMX_DTYPE_MXFP8 ? c->mx_mv
                                                   : false;
     const void *wd = w->data;
-    return on && n >= 2 && n <= 8 && m >= 4096 && k >= 2048 && k <= INT32_MAX / 2 &&
+    return on && n >= 2 && n <= 8 && gemv_large(m, k) && k <= INT32_MAX / 2 &&
            aligned16(x, &wd, 1); /* its column indices, ints, run MV_AHEAD rounds past k */
 }
 
@@ -879,7 +892,7 @@ static bool bf16_mma_fits(const struct cu_ctx *c, const float *x, const void *w,
  * faster for q_proj, o_proj, lm_head and TP-4's o_proj and lm_head; at 2 tokens no faster, for
  * fewer rows slower: docs/perf/h200.md). */
 static bool bf16_gemv_leaves(const struct cu_ctx *c, int n, int m, int k) {
-    return n > c->gemv_max && m >= 4096 && k >= 2048;
+    return n > c->gemv_max && gemv_large(m, k);
 }
 
 static void bf16_mma(struct cu_ctx *c, float *y, const float *x, const void *w, int n, int m,
