@@ -3,8 +3,10 @@
  * plugins/trellis/cuda/mm.cu (one token per expert, whole chunks, no epilogue scales) with
  * compile-time switches for the state extraction, the law, the block scales, the chunk size,
  * the registers and the warps per CTA, and persistent kernels that read the codes from a
- * table in shared memory (v1's law e4m3, or the experimental law e4m3-pair); 8 experts x
- * [4096][4096] random words, one and two matrices a launch (two: the gate+up launch). Every
+ * table in shared memory (v1's law e4m3, or the experimental law e4m3-pair), and a kernel of
+ * a law linear in sigma with int8 inputs (gemv_idot: what the cheapest law of this family of
+ * codes would buy, "A law linear in sigma" there); 8 experts x [4096][4096] random words, one
+ * and two matrices a launch (two: the gate+up launch). Every
  * exact variant is checked against a host decode in double, the v1 ones also bit for bit
  * against the first; ablations (which compute wrong values on purpose, to price a step) are
  * marked. Built as bin/trellis-gemv-variants (plugins/trellis/cuda/CMakeLists.txt); run it on
@@ -45,6 +47,7 @@ struct P {
     const uint8_t *x;
     const uint8_t *table; /* table laws only */
     int experts, mats;
+    const uint32_t *xs, *xk; /* gemv_idot only: input splats, and its constants */
 };
 
 __device__ __forceinline__ uint32_t hsub2_rn(uint32_t a, uint32_t b) {
@@ -446,6 +449,129 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv_table(const P p) {
     }
 }
 
+/* --- A law linear in sigma (not TrellisMX v1): what it would buy ---------------------------
+ *
+ * The candidate: w = sw (sigma - 510) / 128, EXL3's mul1 values without a rounding, with E4M3
+ * block scales sw per 32 inputs (SC = 1) or none (SC = 0), and int8 inputs q times an f32
+ * scale per 32 inputs (SC = 1) or per row (SC = 0). A weight's four hash bytes times its
+ * input splatted four times sums to sigma q, so one u8 x s8 MMA a tile half gives a lane's
+ * rows their sums of sigma q directly (EXL3's int8 GEMV, on the tensor cores): no byte-sum
+ * packing, no law, no f16 MMA. The -510 sum q of a block rides in the MMA's accumulator
+ * input; the scales multiply once a block (SC = 1) or once a row. One token. */
+__device__ __forceinline__ void mma_u8s8(uint32_t d[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int SC> __global__ void __launch_bounds__(128, 8) gemv_idot(const P p) {
+    constexpr int WARPS = 4, CHUNK = 16, NW = 8 * KK, SW = CHUNK / 8;
+    __shared__ uint4 w_s[2][WARPS][CHUNK * NW / 4];
+    /* [token 0, then zeros for the lanes of other tokens][tile][q]: the splats of token 0's
+     * inputs 2q, 2q + 1, 2q + 8, 2q + 9 of the tile, the B fragments of a lane's two MMAs */
+    __shared__ uint4 x_s[2][2][CHUNK][4];
+    __shared__ uint4 k_s[2][4]; /* SC: a block's -510 sum q (int32 [8]), then sx / 128 ([8]) */
+    const int e = blockIdx.y, z = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, q = lane & 3;
+    const int strip = blockIdx.x * WARPS + warp, tiles_c = p.cols / 16, n_chunks = tiles_c / CHUNK;
+    for (int i = threadIdx.x; i < 2 * 2 * CHUNK * 4; i += blockDim.x)
+        (&x_s[0][0][0][0])[i] = make_uint4(0, 0, 0, 0);
+    const uint4 *wsrc = reinterpret_cast<const uint4 *>(
+        p.words + ((size_t)e * (p.rows / 16) + strip) * tiles_c * NW);
+    const int spr = p.cols / 32;
+    const uint32_t *sc0 =
+        reinterpret_cast<const uint32_t *>(p.scales + ((size_t)e * p.rows + 16 * strip + g) * spr);
+    const uint32_t *sc1 = sc0 + 8 * spr / 4;
+    const uint4 *xsrc = reinterpret_cast<const uint4 *>(p.xs) + (size_t)e * tiles_c * 4;
+    const uint4 *ksrc = reinterpret_cast<const uint4 *>(p.xk) + (size_t)e * n_chunks * 4;
+    const lane_window lw = lane_window_of<KK>(lane);
+    chunk_async<CHUNK>(w_s[0][warp], wsrc, lane);
+    uint32_t sn0[SW], sn1[SW];
+    auto load_scales = [&](int c) {
+        if (SC)
+#pragma unroll
+            for (int i = 0; i < SW; i++) {
+                sn0[i] = sc0[c * SW + i];
+                sn1[i] = sc1[c * SW + i];
+            }
+    };
+    load_scales(0);
+    const bool xt = threadIdx.x < CHUNK * 4, kt = SC && threadIdx.x >= 64 && threadIdx.x < 68;
+    uint4 xn = make_uint4(0, 0, 0, 0);
+    auto load_x = [&](int c) {
+        if (xt)
+            xn = xsrc[c * CHUNK * 4 + threadIdx.x];
+        else if (kt)
+            xn = ksrc[c * 4 + threadIdx.x - 64];
+    };
+    auto stage_x = [&](int buf) {
+        if (xt)
+            (&x_s[buf][0][0][0])[threadIdx.x] = xn;
+        else if (kt)
+            k_s[buf][threadIdx.x - 64] = xn;
+    };
+    __syncthreads();
+    load_x(0);
+    stage_x(0);
+    if (n_chunks > 1)
+        load_x(1);
+    uint32_t dr[4]; /* SC = 0: the row's sums, from -510 sum q of the row */
+    if (!SC)
+        dr[0] = dr[1] = dr[2] = dr[3] = p.xk[2 * e];
+    float acc0 = 0.0f, acc2 = 0.0f;
+    for (int c = 0; c < n_chunks; c++) {
+        uint32_t s0[2 * SW], s1[2 * SW];
+        if (SC)
+            scales_f16<SW>(sn0, sn1, s0, s1);
+        chunk_next<CHUNK>(c, n_chunks, w_s[(c + 1) & 1][warp],
+                          wsrc + (size_t)(c + 1) * KK * 2 * CHUNK, lane, stage_x, load_x,
+                          load_scales);
+        const uint32_t *tw = reinterpret_cast<const uint32_t *>(w_s[c & 1][warp]);
+        const uint4 *xq = &x_s[c & 1][g ? 1 : 0][0][q];
+        const int32_t *kc = reinterpret_cast<const int32_t *>(&k_s[c & 1][0]);
+        const float *kf = reinterpret_cast<const float *>(&k_s[c & 1][2]);
+#pragma unroll
+        for (int st = 0; st < CHUNK / 2; st++) {
+            uint32_t db[4];
+            uint32_t *d = SC ? db : dr;
+            if (SC)
+                db[0] = db[1] = db[2] = db[3] = kc[st];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t s[8];
+                lane_states<KK>(tw + (2 * st + h) * NW, lw, s);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    s[j] *= TRELLIS_MUL;
+                const uint4 b = xq[(2 * st + h) * 4];
+                mma_u8s8(d, s[0], s[4], s[1], s[5], b.x, b.y);
+                mma_u8s8(d, s[2], s[6], s[3], s[7], b.z, b.w);
+            }
+            if (SC) {
+                const __half2 sv0 = *reinterpret_cast<const __half2 *>(&s0[st >> 1]),
+                              sv1 = *reinterpret_cast<const __half2 *>(&s1[st >> 1]);
+                const float t = kf[st];
+                const float w0 = st & 1 ? __high2float(sv0) : __low2float(sv0),
+                            w1 = st & 1 ? __high2float(sv1) : __low2float(sv1);
+                acc0 = fmaf(w0 * t, (float)(int32_t)db[0], acc0);
+                acc2 = fmaf(w1 * t, (float)(int32_t)db[2], acc2);
+            }
+        }
+    }
+    if (!SC) {
+        const float t = __int_as_float((int)p.xk[2 * e + 1]);
+        acc0 = t * (float)(int32_t)dr[0];
+        acc2 = t * (float)(int32_t)dr[2];
+    }
+    if (q == 0) {
+        float *y = p.y + ((size_t)z * gridDim.y + e) * p.rows;
+        y[16 * strip + g] = acc0;
+        y[16 * strip + g + 8] = acc2;
+    }
+}
+
 /* every sigma through each law: out[v][sigma] f16 bits */
 template <int LAW> __global__ void law_table(uint16_t *out) {
     const int s = threadIdx.x + blockIdx.x * blockDim.x;
@@ -461,7 +587,8 @@ struct V {
     const char *name;
     kern k;
     int warps;
-    int exact; /* 0: ablation; 1: TrellisMX v1 law e4m3; 2: law e4m3-pair */
+    int exact; /* 0: ablation; 1: TrellisMX v1 law e4m3; 2: law e4m3-pair; 3, 4: the linear
+                * law with block scales, without (gemv_idot) */
     int smem;  /* dynamic shared memory of a persistent kernel (table laws), else 0 */
     const uint8_t *const *table; /* its table: codes, pairs or Q */
 };
@@ -489,6 +616,32 @@ static void host_gemv(const struct tmx_trellis_law *law, const uint32_t *w, cons
                         y[row] += v;
                         mag[row] += fabs(v);
                     }
+                }
+            }
+}
+
+/* The same for gemv_idot's linear law: W = sw (sigma - 510) / 128 (sw = 1 without block
+ * scales), x = q sx, sx per 32 inputs (sx[e][k / 32]) or per row (sx[e][0]). */
+static void host_idot(bool blocks, const uint32_t *w, const uint8_t *sc, const int8_t *xq,
+                      const float *sx, int E, int R, int C, std::vector<double> &y,
+                      std::vector<double> &mag) {
+    const int NW = 8 * KK, tc = C / 16;
+    uint16_t states[256];
+    y.assign((size_t)E * R, 0.0);
+    mag.assign((size_t)E * R, 0.0);
+    for (int e = 0; e < E; e++)
+        for (int ti = 0; ti < R / 16; ti++)
+            for (int tj = 0; tj < tc; tj++) {
+                tmx_trellis_states(w + (((size_t)e * (R / 16) + ti) * tc + tj) * NW, KK, states);
+                for (int t = 0; t < 256; t++) {
+                    const int pos = tmx_trellis_pos(t), r = pos / 16, k = 16 * tj + pos % 16;
+                    const size_t row = (size_t)e * R + 16 * ti + r;
+                    const double sw = blocks ? tmx_e4m3_to_f32(sc[row * (C / 32) + k / 32]) : 1.0;
+                    const double v = sw * (tmx_trellis_sigma(states[t]) - 510) / 128.0 *
+                                     xq[(size_t)e * C + k] *
+                                     sx[(size_t)e * (C / 32) + (blocks ? k / 32 : 0)];
+                    y[row] += v;
+                    mag[row] += fabs(v);
                 }
             }
 }
@@ -537,9 +690,57 @@ int main(int argc, char **argv) {
     for (int s = 0; s < 65536; s++)
         codes[s] = l1.code[tmx_trellis_sigma((uint16_t)s)];
     std::vector<uint16_t> pairs(l2.pairs, l2.pairs + 65536);
-    std::vector<double> yref[3], mag[3];
+    /* gemv_idot's inputs: int8 q and f32 scales sx (per 32 inputs; the per-row variant takes
+     * each row's first), staged as the splats its lanes read ([e][tile][q][4]) and its
+     * constants: per chunk of 256 inputs the blocks' -510 sum q then sx / 128 (blocks), or
+     * per row -510 sum q and sx / 128 (no blocks). */
+    std::vector<int8_t> hq((size_t)E * C);
+    std::vector<float> hsx((size_t)E * C / 32);
+    for (auto &v : hq)
+        v = (int8_t)(rnd() % 255 - 127);
+    for (auto &v : hsx)
+        v = 0.5f + (rnd() % 1024) / 2048.0f;
+    std::vector<uint32_t> xsplat((size_t)E * C / 16 * 16), xk1((size_t)E * C / 256 * 16),
+        xk0((size_t)E * 2);
+    auto splat = [](int8_t v) { return (uint32_t)(uint8_t)v * 0x01010101u; };
+    for (int e = 0; e < E; e++) {
+        const int8_t *qe = &hq[(size_t)e * C];
+        for (int tj = 0; tj < C / 16; tj++)
+            for (int qq = 0; qq < 4; qq++) {
+                uint32_t *o = &xsplat[(((size_t)e * (C / 16) + tj) * 4 + qq) * 4];
+                const int k = 16 * tj + 2 * qq;
+                o[0] = splat(qe[k]);
+                o[1] = splat(qe[k + 1]);
+                o[2] = splat(qe[k + 8]);
+                o[3] = splat(qe[k + 9]);
+            }
+        int row_sum = 0;
+        for (int b = 0; b < C / 32; b++) {
+            int sum = 0;
+            for (int k = 0; k < 32; k++)
+                sum += qe[32 * b + k];
+            row_sum += sum;
+            uint32_t *o = &xk1[((size_t)e * (C / 256) + b / 8) * 16];
+            o[b % 8] = (uint32_t)(-510 * sum);
+            const float t = hsx[(size_t)e * (C / 32) + b] / 128.0f;
+            memcpy(&o[8 + b % 8], &t, 4);
+        }
+        xk0[2 * e] = (uint32_t)(-510 * row_sum);
+        const float t = hsx[(size_t)e * (C / 32)] / 128.0f;
+        memcpy(&xk0[2 * e + 1], &t, 4);
+    }
+    std::vector<double> yref[5], mag[5];
     host_gemv(&l1, hw.data(), hs.data(), hx.data(), E, R, C, yref[1], mag[1]);
     host_gemv(&l2, hw.data(), hs.data(), hx.data(), E, R, C, yref[2], mag[2]);
+    host_idot(true, hw.data(), hs.data(), hq.data(), hsx.data(), E, R, C, yref[3], mag[3]);
+    host_idot(false, hw.data(), hs.data(), hq.data(), hsx.data(), E, R, C, yref[4], mag[4]);
+    uint32_t *dxs, *dxk1, *dxk0;
+    CK(cudaMalloc(&dxs, xsplat.size() * 4));
+    CK(cudaMalloc(&dxk1, xk1.size() * 4));
+    CK(cudaMalloc(&dxk0, xk0.size() * 4));
+    CK(cudaMemcpy(dxs, xsplat.data(), xsplat.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dxk1, xk1.data(), xk1.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dxk0, xk0.data(), xk0.size() * 4, cudaMemcpyHostToDevice));
     uint32_t *dw;
     uint8_t *ds, *dx, *dxk, *dcodes, *dpairs, *dq;
     float *dy;
@@ -610,6 +811,8 @@ int main(int argc, char **argv) {
          table_smem<3, 8>(), &dq},
         {"e4m3-pair computed, f32 block scales", gemv_table<3, 8, 0, 1, 4>, 8, 2,
          table_smem<3, 8>(), &dq},
+        {"linear law, int8 inputs, u8 x s8 MMA, blocks", gemv_idot<1>, 4, 3, 0, NULL},
+        {"linear law, int8 inputs, no block scales", gemv_idot<0>, 4, 4, 0, NULL},
         {"ABL: law without its cvt pair", gemv<1, 1, 0, 8, 4>, 4, 0, 0, NULL},
         {"ABL: no block scales", gemv<0, 0, 0, 8, 4>, 4, 0, 0, NULL},
         {"ABL: neither", gemv<1, 0, 0, 8, 4>, 4, 0, 0, NULL},
@@ -631,7 +834,8 @@ int main(int argc, char **argv) {
                 prop.name, sms, E, R, C, KK);
     int bugs = 0;
     for (int i = 0; i < NV; i++) {
-        P p = {dw, ds, dy, R, C, vs[i].smem ? dx : dxk, vs[i].table ? *vs[i].table : NULL, E, 1};
+        P p = {dw, ds, dy, R, C, vs[i].smem ? dx : dxk, vs[i].table ? *vs[i].table : NULL, E, 1,
+               dxs, vs[i].exact == 4 ? dxk0 : dxk1};
         if (vs[i].smem)
             CK(cudaFuncSetAttribute(vs[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     vs[i].smem));
@@ -674,6 +878,7 @@ int main(int argc, char **argv) {
         const char *check = !host_ok              ? "DIFFERS FROM THE HOST (BUG)"
                             : i == 0              ? "reference, matches the host"
                             : vs[i].exact == 2    ? "e4m3-pair, matches the host"
+                            : vs[i].exact >= 3    ? "linear law, matches the host"
                             : !diff               ? "bitwise equal"
                             : vs[i].exact         ? "matches the host, not bitwise"
                                                   : "differs (ablation)";
