@@ -62,7 +62,7 @@ const struct spec tmx_conform_specs[] = {
      * block of 16, columns past a round of 256 */
     {"matmul/bf16/n2-m4100-k2056", OP_MATMUL, BF16, 0, .n = 2, .m = 4100, .d = 2056},
     {"matmul/bf16/n8-m4096-k2088", OP_MATMUL, BF16, 0, .n = 8, .m = 4096, .d = 2088},
-    {"matmul/mxfp8/n2-m4100-k2080", OP_MATMUL, MX, 0, .n = 2, .m = 4100, .d = 2080},
+    {"matmul/mxfp8/n5-m4100-k2080", OP_MATMUL, MX, 0, .n = 5, .m = 4100, .d = 2080},
     {"matmul/mxfp8/n8-m4096-k2112", OP_MATMUL, MX, 0, .n = 8, .m = 4096, .d = 2112},
     /* a prompt's width well past a power of two: cuBLASLt's algorithm for 256 tokens (option
      * lt_buckets of the CUDA set) */

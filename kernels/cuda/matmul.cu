@@ -4,7 +4,7 @@
  * rows' sums in registers and read F32/BF16/F16 weights directly, one warp a weight row for one
  * token over many rows, else two rows a block whose warps split k. BF16 weights of 4,096 rows
  * by 2,048 columns and more take the tensor cores from 2 tokens on (mv_kernel, option bf16_mv;
- * with it off, cuBLASLt past option gemv_max tokens), and so can MXFP8 ones (option mx_mv).
+ * with it off, cuBLASLt past option gemv_max tokens), MXFP8 ones from 5 (option mx_mv).
  *
  * Prefill (n > 8) goes to cuBLASLt. F32 weights: an F32 GEMM (CUBLAS_COMPUTE_32F, no
  * TF32).
@@ -860,12 +860,16 @@ static bool gemv_large(int m, int k) { return m >= 4096 && k >= 2048; }
 /* Whether mv_kernel takes this matmul: 2 to 8 tokens of a weight of at least 4,096 rows and
  * 2,048 columns, BF16 with option bf16_mv (on: on an H100 1.25-1.9x faster than the GEMV or
  * the split GEMMs for the 816B model's q_proj, o_proj and lm_head, whole and per TP-4 rank) or
- * MXFP8 with option mx_mv (off until measured). One token stays on the GEMVs, which read
- * these weights at 3.3-4.5 TB/s on the H200. */
+ * MXFP8 from MV_MX_FROM tokens with option mx_mv (on). MXFP8's codes cost conversions a weight
+ * that keep mv_kernel near its BF16 time, flat in the tokens, where the GEMV's grows: on an
+ * H100 q_proj takes 81 us either side of 8 tokens, the GEMV 57 / 69 / 114 at 2 / 4 / 8, and
+ * from 5 tokens the GEMV runs its 8-token form (docs/perf/h200.md). One token stays on the
+ * GEMVs, which read these weights at 3.3-4.5 TB/s on the H200. */
+#define MV_MX_FROM 5
 static bool mv_fits(const struct cu_ctx *c, const float *x, const struct tmx_tensor *w, int n) {
     const int m = (int)w->shape[0], k = (int)w->shape[1];
     const bool on = w->dtype == TMX_DTYPE_BF16    ? c->bf16_mv && k % 8 == 0
-                    : w->dtype == TMX_DTYPE_MXFP8 ? c->mx_mv
+                    : w->dtype == TMX_DTYPE_MXFP8 ? c->mx_mv && n >= MV_MX_FROM
                                                   : false;
     const void *wd = w->data;
     return on && n >= 2 && n <= 8 && gemv_large(m, k) && k <= INT32_MAX / 2 &&

@@ -163,7 +163,7 @@ static enum tmx_status cu_init(const struct tmx_host *host, const struct tmx_opt
     c->bf16_mma = !host->opt_bool || host->opt_bool(opts, "bf16_mma");
     c->gemv_max = (int)gemv_max;
     c->bf16_mv = !host->opt_bool || host->opt_bool(opts, "bf16_mv");
-    c->mx_mv = host->opt_bool && host->opt_bool(opts, "mx_mv");
+    c->mx_mv = !host->opt_bool || host->opt_bool(opts, "mx_mv");
     c->lt_buckets = !host->opt_bool || host->opt_bool(opts, "lt_buckets");
     if (host->log && prop.major)
         host->log(TMX_LOG_INFO, "kernels.cuda: device %d: %s (sm_%d%d, %d SMs)%s", c->device,
@@ -404,8 +404,8 @@ static const struct tmx_option cu_options[] = {
     {"bf16_mv", TMX_OPT_BOOL, "true", "BF16 matmuls of 2 to 8 tokens with weights of at least "
      "4,096 rows and 2,048 columns on the tensor cores (mv_kernel) instead of the GEMV or "
      "cuBLASLt's split GEMMs"},
-    {"mx_mv", TMX_OPT_BOOL, "false", "the same for MXFP8 weights, in place of their GEMV (not yet "
-     "measured on a GPU)"},
+    {"mx_mv", TMX_OPT_BOOL, "true", "MXFP8 matmuls of 5 to 8 tokens with weights of at least "
+     "4,096 rows and 2,048 columns on the tensor cores (mv_kernel) instead of the GEMV"},
     {"lt_buckets", TMX_OPT_BOOL, "true", "cuBLASLt matmuls take the algorithm chosen for their "
      "tokens rounded up to a power of two (those the warm-up runs), where it runs at theirs"},
     {0},
