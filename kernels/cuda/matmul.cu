@@ -4,7 +4,7 @@
  * rows' sums in registers and read F32/BF16/F16 weights directly, one warp a weight row for one
  * token over many rows, else two rows a block whose warps split k. BF16 weights of 4,096 rows
  * by 2,048 columns and more take the tensor cores from 2 tokens on (mv_kernel, option bf16_mv;
- * with it off, cuBLASLt past option gemv_max tokens), MXFP8 ones from 5 (option mx_mv).
+ * with it off, cuBLASLt past option gemv_max tokens), and so do MXFP8 ones (option mx_mv).
  *
  * Prefill (n > 8) goes to cuBLASLt. F32 weights: an F32 GEMM (CUBLAS_COMPUTE_32F, no
  * TF32).
@@ -612,13 +612,15 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 }
 
 /* Two floats' BF16 roundings (hi) and the roundings of what is left (lo), each pair in one
- * word, the first float in the low half. */
+ * word, the first float in the low half: the hardware's paired conversion (round to nearest
+ * even, as f32_to_bf16_bits but for NaN payloads), one instruction a pair where the integer
+ * rounding took about eight a float and bound the tensor-core GEMV's issue. */
 __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint32_t *lo) {
-    const uint16_t ha = f32_to_bf16_bits(a), hb = f32_to_bf16_bits(b);
-    const uint16_t la = f32_to_bf16_bits(a - __uint_as_float((uint32_t)ha << 16));
-    const uint16_t lb = f32_to_bf16_bits(b - __uint_as_float((uint32_t)hb << 16));
-    *hi = ha | (uint32_t)hb << 16;
-    *lo = la | (uint32_t)lb << 16;
+    uint32_t h, l;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(b), "f"(a));
+    const float ra = a - __uint_as_float(h << 16), rb = b - __uint_as_float(h & 0xffff0000u);
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(l) : "f"(rb), "f"(ra));
+    *hi = h, *lo = l;
 }
 
 /* A block step's activations, MMA_XS float4s a thread: element e = threadIdx.x + 256 i is
@@ -730,9 +732,9 @@ bf16_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
  * each warp every 8th chunk of 32 columns, so the block reads 256 contiguous weights of a row
  * a round; lane (g, t) holds 8 contiguous weights of rows g and g + 8 (bf16_mma_kernel's
  * fragment order) and token g's 8 activations at the same columns, split into hi + lo as
- * there, and each chunk is four m16n8k16 MMAs. MXFP8 codes become their BF16 values times
- * their block's scale (a chunk is one block), exact as in mxfp8_to_bf16_kernel wherever the
- * product is a normal BF16 value (a scale of 2^-117 or more).
+ * there, and each chunk is four m16n8k16 MMAs. MXFP8 codes become their BF16 values, exact,
+ * and their block's scale (a chunk is one block) multiplies the chunk's sums: a conversion and
+ * a byte permute a pair of weights.
  * MV_AHEAD chunks of a lane are loaded before the first is used. The warps' sums meet in
  * shared memory in a fixed order. */
 #define MV_WARPS 8 /* warps of a block, all along k */
@@ -762,7 +764,9 @@ __device__ __forceinline__ void mv_w_load(mv_w<true> &q, const void *wa, const v
     q.sa = __ldg(sa + c / 32), q.sb = __ldg(sb + c / 32);
 }
 
-/* The chunk as BF16 pairs, rows g then g + 8, each pair's first weight in the low half. */
+/* The chunk as BF16 pairs, rows g then g + 8, each pair's first weight in the low half:
+ * MXFP8 codes as their values, unscaled (an E4M3 value is an f32 whose low 16 bits are zero, so
+ * its BF16 is its top half), the block scales left for the chunk's sums (mv_scale). */
 __device__ __forceinline__ void mv_w_bf16(const mv_w<false> &q, uint32_t (&a)[4],
                                           uint32_t (&b)[4]) {
     a[0] = q.a.x, a[1] = q.a.y, a[2] = q.a.z, a[3] = q.a.w;
@@ -773,14 +777,19 @@ __device__ __forceinline__ void mv_w_bf16(const mv_w<true> &q, uint32_t (&a)[4],
     const uint32_t codes[4] = {q.a.x, q.a.y, q.b.x, q.b.y};
     float v[16];
     e4m3_to_f32x(codes, v);
-    const float fa = ue8m0(q.sa), fb = ue8m0(q.sb);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        a[j] = f32_to_bf16_bits(v[2 * j] * fa) |
-               (uint32_t)f32_to_bf16_bits(v[2 * j + 1] * fa) << 16;
-        b[j] = f32_to_bf16_bits(v[8 + 2 * j] * fb) |
-               (uint32_t)f32_to_bf16_bits(v[8 + 2 * j + 1] * fb) << 16;
+        a[j] = __byte_perm(__float_as_uint(v[2 * j]), __float_as_uint(v[2 * j + 1]), 0x7632);
+        b[j] = __byte_perm(__float_as_uint(v[8 + 2 * j]), __float_as_uint(v[9 + 2 * j]), 0x7632);
     }
+}
+
+/* acc += a chunk's sums s (c0, c1 row g; c2, c3 row g + 8) times the rows' block scales. */
+__device__ __forceinline__ void mv_scale(float (&acc)[4], const float (&s)[4],
+                                         const mv_w<true> &q) {
+    const float fa = ue8m0(q.sa), fb = ue8m0(q.sb);
+    acc[0] = fmaf(s[0], fa, acc[0]), acc[1] = fmaf(s[1], fa, acc[1]);
+    acc[2] = fmaf(s[2], fb, acc[2]), acc[3] = fmaf(s[3], fb, acc[3]);
 }
 
 /* y[n][m] = x[n][k] . w[m][k]^T for 1 <= n <= 8 and BF16 w, k a multiple of 8, or MXFP8 w
@@ -824,6 +833,8 @@ mv_kernel(float *__restrict__ y, const float *__restrict__ x, const void *__rest
         for (int u = 0; u < MV_AHEAD; u++) {
             uint32_t za[4], zb[4];
             mv_w_bf16(q[u], za, zb);
+            float sums[4] = {}; /* MXFP8: the chunk's, one block a row */
+            float(&d)[4] = MX ? sums : acc;
 #pragma unroll
             for (int s = 0; s < 2; s++) {
                 const float4 v = s ? x1[u] : x0[u];
@@ -831,9 +842,10 @@ mv_kernel(float *__restrict__ y, const float *__restrict__ x, const void *__rest
                 split_pair(v.x, v.y, &h01, &l01);
                 split_pair(v.z, v.w, &h23, &l23);
                 const uint32_t a[4] = {za[2 * s], zb[2 * s], za[2 * s + 1], zb[2 * s + 1]};
-                mma_bf16(acc, a, h01, h23);
-                mma_bf16(acc, a, l01, l23);
+                mma_bf16(d, a, h01, h23);
+                mma_bf16(d, a, l01, l23);
             }
+            if constexpr (MX) mv_scale(acc, sums, q[u]);
         }
     }
     if (warp > 0) red[warp - 1][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -858,18 +870,14 @@ mv_kernel(float *__restrict__ y, const float *__restrict__ x, const void *__rest
 static bool gemv_large(int m, int k) { return m >= 4096 && k >= 2048; }
 
 /* Whether mv_kernel takes this matmul: 2 to 8 tokens of a weight of at least 4,096 rows and
- * 2,048 columns, BF16 with option bf16_mv (on: on an H100 1.25-1.9x faster than the GEMV or
- * the split GEMMs for the 816B model's q_proj, o_proj and lm_head, whole and per TP-4 rank) or
- * MXFP8 from MV_MX_FROM tokens with option mx_mv (on). MXFP8's codes cost conversions a weight
- * that keep mv_kernel near its BF16 time, flat in the tokens, where the GEMV's grows: on an
- * H100 q_proj takes 81 us either side of 8 tokens, the GEMV 57 / 69 / 114 at 2 / 4 / 8, and
- * from 5 tokens the GEMV runs its 8-token form (docs/perf/h200.md). One token stays on the
+ * 2,048 columns, BF16 with option bf16_mv or MXFP8 with option mx_mv (both on: on an H100
+ * 1.4-2.75x and 1.28-4.2x faster than the GEMV or the split GEMMs for the 816B model's q_proj,
+ * o_proj and lm_head, whole and per TP-4 rank: docs/perf/h200.md). One token stays on the
  * GEMVs, which read these weights at 3.3-4.5 TB/s on the H200. */
-#define MV_MX_FROM 5
 static bool mv_fits(const struct cu_ctx *c, const float *x, const struct tmx_tensor *w, int n) {
     const int m = (int)w->shape[0], k = (int)w->shape[1];
     const bool on = w->dtype == TMX_DTYPE_BF16    ? c->bf16_mv && k % 8 == 0
-                    : w->dtype == TMX_DTYPE_MXFP8 ? c->mx_mv && n >= MV_MX_FROM
+                    : w->dtype == TMX_DTYPE_MXFP8 ? c->mx_mv
                                                   : false;
     const void *wd = w->data;
     return on && n >= 2 && n <= 8 && gemv_large(m, k) && k <= INT32_MAX / 2 &&

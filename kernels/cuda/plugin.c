@@ -404,8 +404,7 @@ static const struct tmx_option cu_options[] = {
     {"bf16_mv", TMX_OPT_BOOL, "true", "BF16 matmuls of 2 to 8 tokens with weights of at least "
      "4,096 rows and 2,048 columns on the tensor cores (mv_kernel) instead of the GEMV or "
      "cuBLASLt's split GEMMs"},
-    {"mx_mv", TMX_OPT_BOOL, "true", "MXFP8 matmuls of 5 to 8 tokens with weights of at least "
-     "4,096 rows and 2,048 columns on the tensor cores (mv_kernel) instead of the GEMV"},
+    {"mx_mv", TMX_OPT_BOOL, "true", "the same for MXFP8 weights, in place of their GEMV"},
     {"lt_buckets", TMX_OPT_BOOL, "true", "cuBLASLt matmuls take the algorithm chosen for their "
      "tokens rounded up to a power of two (those the warm-up runs), where it runs at theirs"},
     {0},

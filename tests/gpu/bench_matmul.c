@@ -8,7 +8,7 @@
  *
  * Each weight is random MXFP8 (every E4M3 code but NaN, scales 2^-12 to 2^-4), imported once
  * as it is and once as its BF16 values, which are the same numbers; x is random in [-1, 1].
- * For n = 1, 2, 4, 8 and 64 token rows, each form runs REPEAT times queued with one sync: the
+ * For n = 1, 2, 4, 6, 8 and 64 token rows, each form runs REPEAT times queued with one sync: the
  * table gives microseconds a call, the weight bytes over that time, and the largest difference
  * between the two forms' outputs over the largest output (summation order, and where the BF16
  * form takes cuBLASLt's split GEMMs and the MXFP8 form its GEMV, the split's 2^-17 relative a
@@ -152,7 +152,7 @@ int main(int argc, char **argv) {
         {"o_proj/4", 7168, 2048},   {"k_proj/4", 512, 7168},   {"lm_head", 202048, 7168},
         {"lm_head/4", 50512, 7168},
     };
-    static const int tokens[] = {1, 2, 4, 8, 64};
+    static const int tokens[] = {1, 2, 4, 6, 8, 64};
     const char *name = argc > 1 ? argv[1] : "cuda";
     FILE *json = argc > 2 ? fopen(argv[2], "w") : NULL;
     if (argc > 2 && !json) {
@@ -169,7 +169,8 @@ int main(int argc, char **argv) {
     printf("%-9s %5s %5s %3s  %9s %9s  %8s %8s  %7s  %s\n", "weight", "rows", "cols", "n",
            "bf16 us", "mxfp8 us", "bf16 GB/s", "mx GB/s", "speedup", "max diff");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        const int m = shapes[s].m, kk = shapes[s].k, nmax = tokens[4];
+        const int m = shapes[s].m, kk = shapes[s].k,
+                  nmax = tokens[sizeof tokens / sizeof tokens[0] - 1];
         const size_t count = (size_t)m * kk;
         struct tmx_tensor mx = {TMX_DTYPE_MXFP8, 2, {m, kk}, NULL}, bf = mx, dmx, dbf;
         bf.dtype = TMX_DTYPE_BF16;

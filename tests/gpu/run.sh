@@ -57,7 +57,7 @@ graph_rc=$?
 cat "$OUT/graph.txt"
 
 # The large weights' GEMVs and split GEMMs, which the tensor-core GEMV (options bf16_mv and
-# mx_mv, on) takes over from 2 and 5 tokens: checked with those options off.
+# mx_mv, on) takes over from 2 tokens: checked with those options off.
 echo "== matmul conformance with bf16_mv and mx_mv off"
 TMX_KERNELS_CUDA_BF16_MV=false TMX_KERNELS_CUDA_MX_MV=false "$bin/tmx" conform --kernels cuda \
     --filter matmul > "$OUT/logs/conform-opt.txt" 2>&1
