@@ -233,6 +233,11 @@ const struct spec tmx_conform_specs[] = {
      .rows = {96, 32, 32}},
     {"matmul_multi/bf16/n4-shortk", OP_MATMUL_MULTI, BF16, 0, .n = 4, .d = 1024,
      .rows = {40, 9, 17}},
+    /* a q large enough for the CUDA set's tensor-core GEMV, k and v beside it on the GEMV */
+    {"matmul_multi/bf16/n3-q-mv", OP_MATMUL_MULTI, BF16, 0, .n = 3, .d = 2048,
+     .rows = {4096, 512, 512}},
+    {"matmul_multi/mxfp8/n2-q-mv", OP_MATMUL_MULTI, MX, 0, .n = 2, .d = 2048,
+     .rows = {4100, 256, 64}},
 
     /* a sampler's candidates: the vocabularies of muse-mini and the 816B model, a stride,
      * fewer columns than k, ties, NaN and -inf */

@@ -870,10 +870,10 @@ mv_kernel(float *__restrict__ y, const float *__restrict__ x, const void *__rest
 static bool gemv_large(int m, int k) { return m >= 4096 && k >= 2048; }
 
 /* Whether mv_kernel takes this matmul: 2 to 8 tokens of a weight of at least 4,096 rows and
- * 2,048 columns, BF16 with option bf16_mv or MXFP8 with option mx_mv (both on: on an H100
- * 1.4-2.75x and 1.28-4.2x faster than the GEMV or the split GEMMs for the 816B model's q_proj,
- * o_proj and lm_head, whole and per TP-4 rank: docs/perf/h200.md). One token stays on the
- * GEMVs, which read these weights at 3.3-4.5 TB/s on the H200. */
+ * 2,048 columns, BF16 with option bf16_mv or MXFP8 with option mx_mv (both on: on an H200
+ * 1.65-2.64x and 1.18-4.1x faster than the GEMV or the split GEMMs for the 816B model's
+ * q_proj, o_proj and lm_head, whole and per TP-4 rank: docs/perf/h200.md). One token stays on
+ * the GEMVs until this kernel has been checked there on a GPU. */
 static bool mv_fits(const struct cu_ctx *c, const float *x, const struct tmx_tensor *w, int n) {
     const int m = (int)w->shape[0], k = (int)w->shape[1];
     const bool on = w->dtype == TMX_DTYPE_BF16    ? c->bf16_mv && k % 8 == 0
@@ -988,9 +988,11 @@ extern "C" void cu_matmul(void *ctx, float *y, const float *x, const struct tmx_
     cu_check_launch(c, "matmul");
 }
 
-/* Decode (n <= 8) of weights of one dtype: one GEMV launch for them all, which saves launches
- * and fills the GPU where each alone would not (a TP rank's k_proj and v_proj, 512 rows each).
- * Otherwise, and where one of them takes the tensor cores or cuBLASLt, one matmul each. */
+/* Decode (n <= 8): the weights the tensor-core GEMV takes one launch each, the others of one
+ * dtype one GEMV launch for them all, which saves launches and fills the GPU where each alone
+ * would not (a TP rank's k_proj and v_proj, 512 rows each; the full model's k and v beside a
+ * q_proj on the tensor cores). Otherwise, and where one of them takes cuBLASLt, one matmul
+ * each. */
 extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
                                 const struct tmx_tensor *const *ws, int count, int n) {
     struct cu_ctx *c = (struct cu_ctx *)ctx;
@@ -999,8 +1001,10 @@ extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
         cu_fail(c, TMX_ERR_INVALID, "matmul_multi: %d weights, want 1 to %d", count, GEMV_MAX);
         return;
     }
-    int m[GEMV_MAX], one = n <= 8;
+    int m[GEMV_MAX], rest = 0, one = n > 0 && n <= 8; /* rest: the GEMV's weights, in order */
     const void *w[GEMV_MAX];
+    float *yr[GEMV_MAX];
+    enum tmx_dtype dt = TMX_DTYPE_F32;
     for (int i = 0; i < count; i++) {
         if (!check_matmul(c, "matmul_multi", ws[i], n)) return;
         if (ws[i]->shape[1] != ws[0]->shape[1]) {
@@ -1008,19 +1012,23 @@ extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
                     i, (long long)ws[i]->shape[1], (long long)ws[0]->shape[1]);
             return;
         }
-        m[i] = (int)ws[i]->shape[0];
-        w[i] = ws[i]->data;
-        one &= ws[i]->dtype == ws[0]->dtype &&
-               !mv_fits(c, x, ws[i], n) &&
-               !(ws[i]->dtype == TMX_DTYPE_BF16 &&
-                 bf16_gemv_leaves(c, n, m[i], (int)ws[i]->shape[1]));
+        if (mv_fits(c, x, ws[i], n)) continue;
+        if (rest == 0) dt = ws[i]->dtype;
+        m[rest] = (int)ws[i]->shape[0];
+        w[rest] = ws[i]->data;
+        yr[rest] = ys[i];
+        one &= ws[i]->dtype == dt &&
+               !(dt == TMX_DTYPE_BF16 && bf16_gemv_leaves(c, n, m[rest], (int)ws[i]->shape[1]));
+        rest++;
     }
-    if (!one || n == 0) {
+    if (!one) {
         for (int i = 0; i < count; i++) cu_matmul(ctx, ys[i], x, ws[i], n);
         return;
     }
+    for (int i = 0; i < count; i++)
+        if (mv_fits(c, x, ws[i], n)) mv(c, ys[i], x, ws[i], n);
     const int k = (int)ws[0]->shape[1];
-    if (ws[0]->dtype == TMX_DTYPE_MXFP8) mxfp8_gemv(c, ys, x, w, m, count, n, k);
-    else CU_DISPATCH_W(ws[0]->dtype, gemv<DT>(c, ys, x, w, m, count, n, k));
+    if (rest && dt == TMX_DTYPE_MXFP8) mxfp8_gemv(c, yr, x, w, m, rest, n, k);
+    else if (rest) CU_DISPATCH_W(dt, gemv<DT>(c, yr, x, w, m, rest, n, k));
     cu_check_launch(c, "matmul_multi");
 }
