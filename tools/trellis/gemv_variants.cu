@@ -103,6 +103,23 @@ __device__ __forceinline__ void states_shf(const uint32_t *w, lane_window lw, ui
     }
 }
 
+/* Where warp strip `strip` of expert e reads: its tile words, and the block scales of its
+ * rows g (sc0) and g + 8 (sc1), four E4M3 bytes a word. */
+struct strip_src {
+    const uint4 *words;
+    const uint32_t *sc0, *sc1;
+};
+__device__ __forceinline__ strip_src strip_of(const P &p, int e, int strip, int g) {
+    const int tiles_c = p.cols / 16, spr = p.cols / 32;
+    strip_src r;
+    r.words = reinterpret_cast<const uint4 *>(
+        p.words + ((size_t)e * (p.rows / 16) + strip) * tiles_c * 8 * KK);
+    r.sc0 = reinterpret_cast<const uint32_t *>(p.scales +
+                                               ((size_t)e * p.rows + 16 * strip + g) * spr);
+    r.sc1 = r.sc0 + 8 * spr / 4;
+    return r;
+}
+
 /* One warp's chunk of tile words into shared memory by cp.async, as one commit group. */
 template <int CHUNK>
 __device__ __forceinline__ void chunk_async(uint4 *dst, const uint4 *src, int lane) {
@@ -175,12 +192,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv(const P p) {
     const int strip = blockIdx.x * WARPS + warp, tiles_c = p.cols / 16;
     for (int i = threadIdx.x; i < 2 * 8 * X16_STRIDE; i += blockDim.x)
         (&x_s[0][0][0])[i] = 0;
-    const uint4 *wsrc = reinterpret_cast<const uint4 *>(
-        p.words + ((size_t)e * (p.rows / 16) + strip) * tiles_c * NW);
-    const int spr = p.cols / 32;
-    const uint32_t *sc0 =
-        reinterpret_cast<const uint32_t *>(p.scales + ((size_t)e * p.rows + 16 * strip + g) * spr);
-    const uint32_t *sc1 = sc0 + 8 * spr / 4;
+    const strip_src src = strip_of(p, e, strip, g);
+    const uint4 *wsrc = src.words;
+    const uint32_t *sc0 = src.sc0, *sc1 = src.sc1;
     const lane_window lw = lane_window_of<KK>(lane);
     uint32_t sum[2];
     sum_bytes(sum, lane);
@@ -329,16 +343,14 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) gemv_table(const P p) {
         (&x_s[0][0][0])[i] = 0;
     const lane_window lw =
         TAB == 1 ? lane_window_of<KK>(lane) : lane_window_of<KK, 2 * KK>(lane);
-    const int tiles_c = p.cols / 16, n_chunks = tiles_c / CHUNK, spr = p.cols / 32;
+    const int tiles_c = p.cols / 16, n_chunks = tiles_c / CHUNK;
     const int groups = p.rows / (16 * WARPS), items = p.mats * p.experts * groups;
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
         const int z = item / (p.experts * groups), e = item / groups % p.experts;
         const int strip = item % groups * WARPS + warp;
-        const uint4 *wsrc = reinterpret_cast<const uint4 *>(
-            p.words + ((size_t)e * (p.rows / 16) + strip) * tiles_c * NW);
-        const uint32_t *sc0 = reinterpret_cast<const uint32_t *>(
-            p.scales + ((size_t)e * p.rows + 16 * strip + g) * spr);
-        const uint32_t *sc1 = sc0 + 8 * spr / 4;
+        const strip_src src = strip_of(p, e, strip, g);
+        const uint4 *wsrc = src.words;
+        const uint32_t *sc0 = src.sc0, *sc1 = src.sc1;
         float acc[4] = {};
         uint32_t sn0[SW], sn1[SW];
         auto load_scales = [&](int c) {
@@ -478,12 +490,9 @@ template <int SC> __global__ void __launch_bounds__(128, 8) gemv_idot(const P p)
     const int strip = blockIdx.x * WARPS + warp, tiles_c = p.cols / 16, n_chunks = tiles_c / CHUNK;
     for (int i = threadIdx.x; i < 2 * 2 * CHUNK * 4; i += blockDim.x)
         (&x_s[0][0][0][0])[i] = make_uint4(0, 0, 0, 0);
-    const uint4 *wsrc = reinterpret_cast<const uint4 *>(
-        p.words + ((size_t)e * (p.rows / 16) + strip) * tiles_c * NW);
-    const int spr = p.cols / 32;
-    const uint32_t *sc0 =
-        reinterpret_cast<const uint32_t *>(p.scales + ((size_t)e * p.rows + 16 * strip + g) * spr);
-    const uint32_t *sc1 = sc0 + 8 * spr / 4;
+    const strip_src src = strip_of(p, e, strip, g);
+    const uint4 *wsrc = src.words;
+    const uint32_t *sc0 = src.sc0, *sc1 = src.sc1;
     const uint4 *xsrc = reinterpret_cast<const uint4 *>(p.xs) + (size_t)e * tiles_c * 4;
     const uint4 *ksrc = reinterpret_cast<const uint4 *>(p.xk) + (size_t)e * n_chunks * 4;
     const lane_window lw = lane_window_of<KK>(lane);
