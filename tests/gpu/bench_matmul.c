@@ -10,8 +10,8 @@
  * as it is and once as its BF16 values, which are the same numbers; x is random in [-1, 1].
  * For n = 1, 2, 4, 6, 8 and 64 token rows, each form runs REPEAT times queued with one sync: the
  * table gives microseconds a call, the weight bytes over that time, and the largest difference
- * between the two forms' outputs over the largest output (summation order, and where the BF16
- * form takes cuBLASLt's split GEMMs and the MXFP8 form its GEMV, the split's 2^-17 relative a
+ * between the two forms' outputs over the largest output (summation order, and where one form
+ * splits the activations into BF16 halves and the other does not, the split's 2^-17 relative a
  * product). Exits 1 if a difference passes 3e-5 or an op fails. */
 #include <math.h>
 #include <stdint.h>
