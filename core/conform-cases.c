@@ -56,10 +56,11 @@ const struct spec tmx_conform_specs[] = {
     /* a decode-sized projection, for the sets' times (tmx conform --repeat) */
     {"matmul/bf16/n1-m2048-k4096", OP_MATMUL, BF16, 0, .n = 1, .m = 2048, .d = 4096},
     {"matmul/mxfp8/n1-m2048-k4096", OP_MATMUL, MX, 0, .n = 1, .m = 2048, .d = 4096},
-    /* a large weight at 4-8 tokens: the CUDA set's split GEMMs, past option gemv_max */
+    /* a large weight at 4-8 tokens: the CUDA set's split GEMMs past option gemv_max when
+     * option bf16_mv is off (tests/gpu/run.sh runs the matmul cases so too) */
     {"matmul/bf16/n6-m4096-k2048", OP_MATMUL, BF16, 0, .n = 6, .m = 4096, .d = 2048},
-    /* the same on the tensor cores (options bf16_mv and mx_mv of the CUDA set): rows past a
-     * block of 16, columns past a round of 256 */
+    /* its tensor-core GEMV (options bf16_mv and mx_mv, on): rows past a block of 16, columns
+     * past a round of 256 */
     {"matmul/bf16/n2-m4100-k2056", OP_MATMUL, BF16, 0, .n = 2, .m = 4100, .d = 2056},
     {"matmul/bf16/n8-m4096-k2088", OP_MATMUL, BF16, 0, .n = 8, .m = 4096, .d = 2088},
     {"matmul/mxfp8/n5-m4100-k2080", OP_MATMUL, MX, 0, .n = 5, .m = 4100, .d = 2080},
@@ -236,8 +237,11 @@ const struct spec tmx_conform_specs[] = {
     /* a q large enough for the CUDA set's tensor-core GEMV, k and v beside it on the GEMV */
     {"matmul_multi/bf16/n3-q-mv", OP_MATMUL_MULTI, BF16, 0, .n = 3, .d = 2048,
      .rows = {4096, 512, 512}},
-    {"matmul_multi/mxfp8/n2-q-mv", OP_MATMUL_MULTI, MX, 0, .n = 2, .d = 2048,
+    {"matmul_multi/mxfp8/n2-q-mv", OP_MATMUL_MULTI, MX, 0, .n = 2, .d = 2080,
      .rows = {4100, 256, 64}},
+    /* every weight on the tensor cores, none left for the GEMV */
+    {"matmul_multi/bf16/n2-all-mv", OP_MATMUL_MULTI, BF16, 0, .n = 2, .d = 2048,
+     .rows = {4096, 4112}},
 
     /* a sampler's candidates: the vocabularies of muse-mini and the 816B model, a stride,
      * fewer columns than k, ties, NaN and -inf */

@@ -873,8 +873,8 @@ static bool gemv_large(int m, int k) { return m >= 4096 && k >= 2048; }
  * 2,048 columns, BF16 with option bf16_mv or MXFP8 with option mx_mv (both on: on an H200
  * 1.65-2.64x and 1.18-4.1x faster than the GEMV or the split GEMMs for the 816B model's
  * q_proj, o_proj and lm_head, whole and per TP-4 rank: docs/perf/h200.md). One token stays on
- * the GEMVs until the kernel's one-token form has been checked on a GPU (an H100 ran it 1.2-2.7x
- * faster). */
+ * the GEMVs until a conformance case of one token and such a weight has run this kernel on a
+ * GPU (an H100 timed it 1.2-2.7x faster there). */
 static bool mv_fits(const struct cu_ctx *c, const float *x, const struct tmx_tensor *w, int n) {
     const int m = (int)w->shape[0], k = (int)w->shape[1];
     const bool on = w->dtype == TMX_DTYPE_BF16    ? c->bf16_mv && k % 8 == 0
