@@ -1003,6 +1003,7 @@ extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
         return;
     }
     int m[GEMV_MAX], rest = 0, one = n > 0 && n <= 8; /* rest: the GEMV's weights, in order */
+    bool on_mv[GEMV_MAX];
     const void *w[GEMV_MAX];
     float *yr[GEMV_MAX];
     enum tmx_dtype dt = TMX_DTYPE_F32;
@@ -1013,7 +1014,7 @@ extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
                     i, (long long)ws[i]->shape[1], (long long)ws[0]->shape[1]);
             return;
         }
-        if (mv_fits(c, x, ws[i], n)) continue;
+        if ((on_mv[i] = mv_fits(c, x, ws[i], n))) continue;
         if (rest == 0) dt = ws[i]->dtype;
         m[rest] = (int)ws[i]->shape[0];
         w[rest] = ws[i]->data;
@@ -1027,7 +1028,7 @@ extern "C" void cu_matmul_multi(void *ctx, float *const *ys, const float *x,
         return;
     }
     for (int i = 0; i < count; i++)
-        if (mv_fits(c, x, ws[i], n)) mv(c, ys[i], x, ws[i], n);
+        if (on_mv[i]) mv(c, ys[i], x, ws[i], n);
     const int k = (int)ws[0]->shape[1];
     if (rest && dt == TMX_DTYPE_MXFP8) mxfp8_gemv(c, yr, x, w, m, rest, n, k);
     else if (rest) CU_DISPATCH_W(dt, gemv<DT>(c, yr, x, w, m, rest, n, k));
